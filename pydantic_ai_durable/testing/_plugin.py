@@ -1,0 +1,1 @@
+"""pytest plugin entry point (fixtures are added by the test-harness module)."""
