@@ -1,0 +1,197 @@
+"""The operation backend: every durable operation pydantic-ai routes to `Durable` lands here.
+
+`execute` turns each operation into one journal step (claim, replay or run live, record) and is
+where the per-kind differences live: how a step is fingerprinted, what is masked before it is
+recorded, and what the usage ledger must cancel when it replays (SPEC A-5, A-6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, cast
+
+from pydantic_ai.durable_exec import (
+    CapabilityOperationId,
+    DurableOperationId,
+    JournalCallableOperationBackend,
+    ModelRequestId,
+    RoleBasedOperationConfig,
+    ToolsetCallToolId,
+    ToolsetValidateToolArgumentsId,
+)
+from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import RunContext
+
+from ._fingerprint import fingerprint_tool_call
+from ._journal import Step
+from ._ledger import is_successful_tool_payload
+
+if TYPE_CHECKING:
+    from pydantic_ai.durable_exec._operation import DurableOperation
+    from pydantic_ai.durable_exec._operation_backend import BoundDurableOperation
+
+    from ._capability import Durable, _ActiveRun
+
+__all__ = ('DurableBackend', 'tool_is_replayable')
+
+_NO_CONFIG = RoleBasedOperationConfig[None](model=None, event=None, capability=None, tool=None)
+
+Decoder = Callable[[object], object]
+
+
+def tool_is_replayable(tool: object) -> bool:
+    """Whether a function tool replays: tool metadata `{"durable": {"replayable": False}}` opts out (A-9)."""
+    tool_def = getattr(tool, 'tool_def', tool)
+    metadata = getattr(tool_def, 'metadata', None)
+    durable = metadata.get('durable') if isinstance(metadata, dict) else None
+    return not (isinstance(durable, dict) and durable.get('replayable') is False)
+
+
+class DurableBackend(JournalCallableOperationBackend[None]):
+    """Dispatches each operation to a journal step of the active run; runs it directly when there is none."""
+
+    def __init__(self, capability: Durable[Any]) -> None:
+        super().__init__(agent_name=capability.name, default_model_id=capability.default_model_id, config=_NO_CONFIG)
+        self._capability = capability
+        self._decoders: dict[DurableOperationId, Decoder] = {}
+
+    def bind(self, operation: DurableOperation[Any, Any, Any]) -> BoundDurableOperation[Any, Any, Any]:
+        # pydantic-ai decodes a payload only after `execute` returns, too late to fall back to a live
+        # call; keeping the decoder lets a replay be tried first and rejected if it no longer loads (X-1).
+        self._decoders[operation.operation_id] = operation.result_codec.load
+        return super().bind(operation)
+
+    async def execute(
+        self,
+        *,
+        operation_id: DurableOperationId,
+        name: str,
+        body: Callable[[], Awaitable[object]],
+        cache_key: tuple[object, ...],
+        config: None,
+    ) -> object:
+        active = self._capability._active_run()
+        if active is None or isinstance(operation_id, ToolsetValidateToolArgumentsId):
+            return await body()  # inert (R-1), or argument validation: local and free, no position (P-7)
+        decode = self._decoders.get(operation_id)
+        if isinstance(operation_id, ModelRequestId):
+            return await self._model_step(active, name, body, cache_key, decode)
+        if isinstance(operation_id, ToolsetCallToolId):
+            return await self._tool_step(active, name, body, cache_key, decode)
+        step = active.run.claim(name, 'other', None)  # discovery, events, capability ops, future ids
+        if replay(step, decode):
+            if isinstance(operation_id, CapabilityOperationId):
+                active.ledger.record_capability_replay(step.payload)
+            return step.payload
+        return await run_live(step, body)
+
+    async def _model_step(
+        self,
+        active: _ActiveRun,
+        name: str,
+        body: Callable[[], Awaitable[object]],
+        cache_key: tuple[object, ...],
+        decode: Decoder | None,
+    ) -> object:
+        model_id, messages, settings, params, ctx = cache_key[:5]
+        messages = cast('list[ModelMessage]', messages)
+        params = cast(ModelRequestParameters, params)
+        fingerprint = await self._capability._fingerprint_model_request(
+            active,
+            cast('str | None', model_id),
+            messages,
+            cast('ModelSettings | None', settings),
+            params,
+            cast('RunContext[Any]', ctx),
+        )
+        ledger = active.ledger
+        continuation = ledger.begin_model_request(messages)
+        had_credit = ledger.settle()
+        step = active.run.claim(name, 'model', fingerprint)
+        response = _response_of(step.payload, decode) if step.replayed else None
+        if response is not None:
+            ledger.record_model_replay(response, continuation=continuation)
+            ledger.track_chain(response, params)
+            if response.state != 'suspended':
+                ledger.credit_successors(active.run, step.position)
+            return step.payload
+        step.reject()  # a no-op unless a replayed payload no longer loads (X-1, X-3)
+        ledger.record_live_model_request(had_request_credit=had_credit)  # may stop the request (U-13)
+        await active.count_live_request()
+        payload = await run_live(step, body)
+        response = _response_of(payload, decode)
+        if response is not None:
+            ledger.track_chain(response, params)
+            await active.count_live_response(response)
+        return payload
+
+    async def _tool_step(
+        self,
+        active: _ActiveRun,
+        name: str,
+        body: Callable[[], Awaitable[object]],
+        cache_key: tuple[object, ...],
+        decode: Decoder | None,
+    ) -> object:
+        tool_name, args, ctx = cache_key[:3]
+        tool = cache_key[3] if len(cache_key) > 3 else None
+        tool_call_id = cast('RunContext[Any]', ctx).tool_call_id
+        fingerprint = fingerprint_tool_call(cast(str, tool_name), args, tool_call_id)
+        step = active.run.claim(name, 'tool', fingerprint, replayable=tool_is_replayable(tool))
+        if replay(step, decode):
+            if is_successful_tool_payload(step.payload):
+                active.ledger.record_tool_replay(step.position)
+            return step.payload
+        active.ledger.record_live_tool_call(step.position)  # re-checks a credited limit before the side effect
+        payload = await run_live(step, body, to_record=active.mask)
+        if is_successful_tool_payload(payload):
+            await active.count_live_tool_call()
+        return payload
+
+
+def _response_of(payload: object, decode: Decoder | None) -> ModelResponse | None:
+    """The `ModelResponse` inside a model payload (a streamed payload may wrap it under `"response"`)."""
+    try:
+        value = decode(payload) if decode is not None else payload
+    except (TypeError, ValueError):
+        return None
+    if isinstance(value, ModelResponse):
+        return value
+    inner = getattr(value, 'response', None)
+    return inner if isinstance(inner, ModelResponse) else None
+
+
+def replay(step: Step, decode: Decoder | None) -> bool:
+    """Whether a claimed step replays: it matched and its payload still decodes; else it is rejected (X-1, X-2)."""
+    if not step.replayed:
+        return False
+    try:
+        if decode is not None:
+            decode(step.payload)
+    except (TypeError, ValueError):
+        step.reject()
+        return False
+    return True
+
+
+async def run_live(
+    step: Step, body: Callable[[], Awaitable[object]], *, to_record: Callable[[Any], Any] | None = None
+) -> object:
+    """Run a step's body and record what it returned.
+
+    The body runs under `step.executing()` so agent runs it starts nest under it (R-4); a body that
+    raises records nothing and leaves a note for the run's failure fence (W-5).
+    """
+    try:
+        step.reached('before_body')
+        with step.executing():
+            payload = await body()
+        step.reached('after_body')
+    except BaseException as exc:
+        step.failed(exc)
+        raise
+    await step.record(payload, to_record=to_record)
+    step.reached('after_record')
+    return payload

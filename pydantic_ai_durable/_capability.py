@@ -1,0 +1,224 @@
+"""`Durable`: the pydantic-ai capability that journals an agent's steps inside an `execution()`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic_ai.agent import EventStreamHandler
+from pydantic_ai.capabilities import AbstractCapability, WrapRunHandler
+from pydantic_ai.durable_exec import JSON_CODEC, BaseDurabilityCapability, DurabilityEngineSpec
+from pydantic_ai.exceptions import UnexpectedModelBehavior
+from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import AgentDepsT, RunContext
+from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
+
+from ._backend import DurableBackend
+from ._errors import JournalError
+from ._execution import Execution, current_attempt
+from ._fingerprint import ModelFingerprinter
+from ._journal import Run, SimulatedCrash
+from ._leaf import JournaledToolset
+from ._ledger import ReplayUsageLedger
+from ._masking import SECRETS, SecretRegistry
+from ._usage import RunSpend
+from .journals._protocol import Journal
+
+__all__ = ('Durable',)
+
+log = logging.getLogger('pydantic_ai_durable')
+
+
+def _not_journalable(error: Exception) -> BaseException:
+    return JournalError(
+        f'A result is not JSON-serializable, so it cannot be journaled: {error}. This error is not retryable: '
+        'return JSON-compatible data (dicts, lists, strings, numbers, pydantic models, dataclasses) instead.'
+    )
+
+
+@dataclass
+class _ActiveRun:
+    """Everything one agent run needs while it runs inside an execution."""
+
+    run: Run
+    ledger: ReplayUsageLedger
+    fingerprinter: ModelFingerprinter
+    spend: RunSpend
+    secrets: SecretRegistry
+
+    def mask(self, payload: Any) -> Any:
+        return self.secrets.mask(payload)
+
+    async def count_live_request(self) -> None:
+        await self.spend.request_sent()
+
+    async def count_live_response(self, response: ModelResponse) -> None:
+        await self.spend.response_received(response)
+
+    async def count_live_tool_call(self) -> None:
+        await self.spend.tool_call_succeeded()
+
+
+_ACTIVE_RUNS: ContextVar[Mapping[int, _ActiveRun] | None] = ContextVar('pydantic_ai_durable.active_runs', default=None)
+"""The run each `Durable` (by identity) is executing in this task; nested runs add their own entry."""
+
+
+class Durable(BaseDurabilityCapability[AgentDepsT]):
+    """Journal every model request, tool call and durable operation of an agent, and replay them on retry.
+
+    Inert outside an `execution()` scope (the agent runs exactly as without it). Inside one, each
+    completed step is recorded in the journal, and a later attempt of the same execution key replays
+    it instead of calling the model or the tool again. `journal=None` uses the execution's journal or
+    the default `DiskJournal`.
+    """
+
+    engine_spec: ClassVar[DurabilityEngineSpec] = DurabilityEngineSpec(
+        engine_name='Durable',
+        durable_unit_noun='step',
+        durable_container_noun='execution',
+        codec=JSON_CODEC,
+        serialization_failure=_not_journalable,
+        sequential_tools_in_durable_context=False,
+    )
+
+    def __init__(
+        self,
+        journal: Journal | None = None,
+        *,
+        name: str | None = None,
+        models: Mapping[str, Model] | None = None,
+        event_stream_handler: EventStreamHandler[AgentDepsT] | None = None,
+        secrets: SecretRegistry | None = None,
+    ) -> None:
+        if journal is not None and not isinstance(journal, Journal):
+            raise TypeError(
+                f'Durable(journal=...) needs a journal such as MemoryJournal() or DiskJournal(path), '
+                f'not {type(journal).__name__}.'
+            )
+        super().__init__(models=models, event_stream_handler=event_stream_handler, name=name)
+        self.journal = journal
+        self.secrets = secrets if secrets is not None else SECRETS
+        self._request_models: dict[tuple[int, str | None], Model] = {}
+
+    def __repr__(self) -> str:
+        return f'Durable(journal={self.journal!r}, name={self.name!r})'
+
+    @property
+    def in_durable_context(self) -> bool:
+        return current_attempt() is not None
+
+    def get_durable_operation_backend(self) -> DurableBackend:
+        return DurableBackend(self)
+
+    def _active_run(self) -> _ActiveRun | None:
+        return (_ACTIVE_RUNS.get() or {}).get(id(self))
+
+    async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
+        # A cancellation token is a handle of the caller's own process, which is where our steps run:
+        # cancelling fails the attempt and the next attempt replays, the durable contract (A-4).
+        return None
+
+    async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
+        """Open a journal run around the agent run: number it, seed usage, fence failures (A-3)."""
+        attempt = current_attempt()
+        if attempt is None:
+            return await handler()
+        run = await attempt.start_run(attempt.journal_for(self.journal))
+        spend = RunSpend(run)
+        ctx.usage.incr(spend.earlier)  # U2-2: earlier attempts' spend counts before the first limit check
+        ledger = ReplayUsageLedger(run_usage=ctx.usage, usage_limits=ctx.usage_limits)
+        active = _ActiveRun(run, ledger, ModelFingerprinter(secrets=self.secrets), spend, self.secrets)
+        handle = attempt.handle
+        if isinstance(handle, Execution):
+            handle._spends.append(spend)
+        ledger.credit_first_replay(run)
+        token = _ACTIVE_RUNS.set({**(_ACTIVE_RUNS.get() or {}), id(self): active})
+        try:
+            result = await handler()
+        except SimulatedCrash:
+            raise  # stands for a process death, which writes nothing (F-1)
+        except BaseException as error:
+            try:
+                await run.fail(error, model_at_fault=isinstance(error, UnexpectedModelBehavior))
+            except Exception as exc:  # the run's own error is what the caller must see
+                log.warning('Execution %r run %s: recording the failure failed (%s).', attempt.key, run.key, exc)
+            raise
+        finally:
+            ledger.settle()
+            _ACTIVE_RUNS.reset(token)
+        if attempt.cleanup == 'run':
+            await attempt.cleanup_run(run)
+        return result
+
+    async def _fingerprint_model_request(
+        self,
+        active: _ActiveRun,
+        model_id: str | None,
+        messages: Sequence[ModelMessage],
+        settings: ModelSettings | None,
+        params: ModelRequestParameters,
+        ctx: RunContext[Any],
+    ) -> str | None:
+        """Fingerprint a request as the model it goes to will see it (FP-1, FP-2, A-7)."""
+        step = active.run.next_position
+        try:
+            model = await self._request_model(model_id, ctx)
+            prepared_settings, prepared_params = model.prepare_request(settings, params)
+            identity = f'{model.system}:{model.model_name}'
+        except Exception as exc:
+            log.warning(
+                'Model step %d could not be fingerprinted (%s: %s); it replays only right after a replayed step, '
+                'and later model steps are usually affected too.',
+                step,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        return active.fingerprinter.fingerprint(
+            identity, messages, dict(prepared_settings) if prepared_settings else None, prepared_params, step=step
+        )
+
+    async def _request_model(self, model_id: str | None, ctx: RunContext[Any]) -> Model:
+        key = (id(self.agent), model_id)
+        model = self._request_models.get(key)
+        if model is None:
+            model = self._request_models[key] = await self._resolve_model_for_request(model_id, ctx)
+        return model
+
+    async def _invoke_capability_operation(
+        self,
+        capability: AbstractCapability[Any],
+        operation: str,
+        *,
+        ctx: RunContext[Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        # pydantic-ai adds a replayed operation's recorded usage delta only after `execute` returns, so
+        # the ledger subtracts it here, once it has been added (U-16).
+        try:
+            return await super()._invoke_capability_operation(capability, operation, ctx=ctx, args=args, kwargs=kwargs)
+        finally:
+            active = self._active_run()
+            if active is not None:
+                active.ledger.apply_capability_replays()
+
+    def _wrap_other_leaf_toolset(self, ts: AbstractToolset[AgentDepsT]) -> WrapperToolset[AgentDepsT] | None:
+        """Journal leaves pydantic-ai does not run as durable units itself (A-8)."""
+        return JournaledToolset(ts, capability=self)
+
+    @contextmanager
+    def _tool_call_payload_errors(self, tool_name: str) -> Generator[None]:
+        try:
+            yield
+        except JournalError as exc:
+            if f'tool {tool_name!r}' in str(exc):
+                raise
+            raise JournalError(f'The result of tool {tool_name!r} cannot be journaled. {exc}') from exc

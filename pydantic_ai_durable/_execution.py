@@ -1,0 +1,149 @@
+"""`execution()`: the scope that activates durability, and the `Execution` handle it yields."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Coroutine
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+from pydantic_ai.usage import RunUsage
+
+from ._journal import Attempt, CleanupMode, Stats
+from ._usage import RunSpend
+from .journals._protocol import Journal
+from .journals.disk import DiskJournal, default_directory
+
+__all__ = ('Execution', 'ExecutionUsage', 'current_attempt', 'execution')
+
+_T = TypeVar('_T')
+
+_ATTEMPT: ContextVar[Attempt | None] = ContextVar('pydantic_ai_durable.attempt', default=None)
+_DEFAULT_JOURNALS: dict[str, DiskJournal] = {}
+
+
+def current_attempt() -> Attempt | None:
+    """The attempt of the innermost active `execution()`, or `None` (the capability is then inert, R-1)."""
+    return _ATTEMPT.get()
+
+
+def _default_journal() -> Journal:
+    """One `DiskJournal` per default directory, shared by every capability without a journal (I-4)."""
+    path = str(default_directory().absolute())
+    journal = _DEFAULT_JOURNALS.get(path)
+    if journal is None:
+        journal = _DEFAULT_JOURNALS[path] = DiskJournal(path)
+    return journal
+
+
+@dataclass
+class ExecutionUsage:
+    """Live usage of this attempt and of all attempts of the execution (U2-3)."""
+
+    attempt: RunUsage = field(default_factory=RunUsage)
+    total: RunUsage = field(default_factory=RunUsage)
+
+
+class Execution:
+    """The handle `execution()` yields: what this attempt replayed, recorded and spent."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self._attempt = attempt
+        self._spends: list[RunSpend] = []
+
+    @property
+    def usage(self) -> ExecutionUsage:
+        """Live usage of this attempt, and of all attempts, over the runs this attempt started (U2-3)."""
+        usage = ExecutionUsage()
+        for spend in self._spends:
+            usage.attempt.incr(spend.attempt)
+            usage.total.incr(spend.total)
+        return usage
+
+    @property
+    def key(self) -> str:
+        """The execution key every attempt of this execution shares."""
+        return self._attempt.key
+
+    @property
+    def stats(self) -> Stats:
+        """Steps replayed and recorded per kind, and steps that could not be recorded (S-1)."""
+        return self._attempt.stats
+
+    @property
+    def attempt(self) -> int:
+        """1 for a first attempt, counting every attempt that opened the execution's journal."""
+        return self._attempt.number
+
+    def __repr__(self) -> str:
+        return f'Execution({self.key!r}, attempt={self.attempt}, {self.stats.summary()})'
+
+
+def _run_blocking(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run journal I/O from synchronous code, also when the calling thread already runs a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+class execution:
+    """Activate durability for every `Durable` agent run inside the scope, under one execution key.
+
+    The key is what a retry must reuse: every attempt that enters `execution(key)` replays what
+    earlier attempts of `key` recorded. Works as `async with` and as `with` (for `run_sync`). When a
+    journal is given, it is opened and leased on entry, so a journal that cannot be written raises
+    `JournalUnavailable` before any model is called; otherwise each agent's journal is opened when its
+    first run starts. On exit without an exception the execution's entries are deleted (`cleanup=
+    "execution"`, the default); `"run"` deletes each run as it succeeds, `"never"` keeps everything.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        journal: Journal | None = None,
+        cleanup: CleanupMode = 'execution',
+        lease_ttl: float = 30.0,
+    ) -> None:
+        self._attempt = Attempt(
+            key, journal=journal, default_journal=_default_journal, cleanup=cleanup, lease_ttl=lease_ttl
+        )
+        self._handle = Execution(self._attempt)
+        self._attempt.handle = self._handle
+        self._token: Token[Attempt | None] | None = None
+
+    async def __aenter__(self) -> Execution:
+        if self._token is not None:
+            raise RuntimeError('An execution() object can be entered only once; create a new one per attempt.')
+        if self._attempt.journal is not None:
+            await self._attempt.open(self._attempt.journal)
+        self._token = _ATTEMPT.set(self._attempt)
+        return self._handle
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._token is not None
+        _ATTEMPT.reset(self._token)
+        await self._attempt.finish(exc)
+
+    def __enter__(self) -> Execution:
+        if self._token is not None:
+            raise RuntimeError('An execution() object can be entered only once; create a new one per attempt.')
+        if self._attempt.journal is not None:
+            _run_blocking(self._attempt.open(self._attempt.journal))
+        self._token = _ATTEMPT.set(self._attempt)
+        return self._handle
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._token is not None
+        _ATTEMPT.reset(self._token)
+        _run_blocking(self._attempt.finish(exc))

@@ -1,0 +1,84 @@
+"""Journaling for leaf toolsets pydantic-ai does not run as durable units (SPEC A-8, P-5, T-rules).
+
+Function, dynamic and MCP toolsets are journaled by pydantic-ai's own durable wrappers. Any other
+leaf (a custom `AbstractToolset`, an `ExternalToolset`) would silently run again on every retry,
+and such toolsets are often the side-effecting ones, so `Durable` wraps them in this toolset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic_ai.tools import AgentDepsT, RunContext
+from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
+from pydantic_ai.toolsets.abstract import ToolsetTool
+
+from ._backend import replay, run_live
+from ._fingerprint import fingerprint_tool_call
+from ._ledger import is_successful_tool_payload
+from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode, decode_payload, is_replayable_payload
+
+if TYPE_CHECKING:
+    from ._capability import Durable
+
+__all__ = ('JournaledToolset',)
+
+
+def _check_replayable(payload: object) -> None:
+    if not is_replayable_payload(payload):
+        raise ValueError('recorded tool payload has an unknown shape')
+
+
+@dataclass
+class JournaledToolset(WrapperToolset[AgentDepsT]):
+    """Records each call of the wrapped leaf as a tool step, and replays it on a later attempt.
+
+    A toolset with a `replayable = False` attribute still takes a position but always runs live.
+    """
+
+    capability: Durable[Any] = field(default=None, repr=False)  # type: ignore[arg-type]
+
+    @property
+    def id(self) -> str | None:
+        return self.wrapped.id
+
+    def visit_and_replace(
+        self, visitor: Callable[[AbstractToolset[AgentDepsT]], AbstractToolset[AgentDepsT]]
+    ) -> AbstractToolset[AgentDepsT]:
+        return self  # visiting again on the next run must not wrap twice
+
+    def step_name(self, tool_name: str) -> str:
+        toolset = self.wrapped.id or type(self.wrapped).__name__
+        return f'{self.capability.name}__leaf_toolset__{toolset}.call_tool:{tool_name}'
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[AgentDepsT], tool: ToolsetTool[AgentDepsT]
+    ) -> Any:
+        active = self.capability._active_run()
+        if active is None:
+            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
+        replayable = getattr(self.wrapped, 'replayable', True) is not False
+        fingerprint = fingerprint_tool_call(name, tool_args, ctx.tool_call_id)
+        step = active.run.claim(self.step_name(name), 'tool', fingerprint, replayable=replayable)
+        live: list[object] = []
+
+        async def body() -> object:
+            outcome, payload = await call_and_encode(
+                lambda: self.wrapped.call_tool(name, tool_args, ctx, tool), tool_name=name
+            )
+            live.append(outcome)
+            return payload
+
+        if replay(step, _check_replayable):
+            if is_successful_tool_payload(step.payload):
+                active.ledger.record_tool_replay(step.position)
+            return decode_payload(step.payload)  # values are returned, control-flow signals raised (T-5)
+        active.ledger.record_live_tool_call(step.position)
+        await run_live(step, body, to_record=active.mask)
+        outcome = live[0]
+        if isinstance(outcome, CONTROL_FLOW_EXCEPTIONS):
+            raise outcome
+        await active.count_live_tool_call()
+        return outcome

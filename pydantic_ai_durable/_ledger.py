@@ -1,0 +1,519 @@
+"""Replay usage ledger: keeps journal replays from counting as new usage (SPEC section 14, U-1..U-17).
+
+pydantic-ai cannot tell a replayed step from a live one, so it bills both the same way: the graph
+adds `requests += 1` plus the response's tokens and cost for every model response it commits, and
+the tool manager adds `tool_calls += 1` after every successful tool call. The ledger takes each of
+those back as the replay happens, on the very `RunUsage` the run was given, so the run's counts and
+its `UsageLimits` only ever see live work (plus what earlier attempts spent, seeded by the caller).
+
+Two limit checks fire before the durable layer learns which step is coming: `check_before_request`
+ahead of every model request, and the `check_before_tool_call` projection over a response's whole
+batch of function-tool calls. For those the ledger looks ahead in the journal and takes *credits*
+(a request or a tool call counted down in advance) for steps it expects to replay. Each credit is
+either consumed by the replay, given back with a re-check when the step turns out live, or given
+back by `settle()` when the run never reaches it. Nothing here is persisted.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal
+from typing import Any, Literal, Protocol
+
+from pydantic_ai.durable_exec import JSON_CODEC
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
+
+__all__ = (
+    'SUCCESSFUL_TOOL_RESULT_KINDS',
+    'JournalView',
+    'ReplayUsageLedger',
+    'add_usage',
+    'fill_replayed_cost',
+    'is_successful_tool_payload',
+    'subtract_request_usage',
+    'subtract_usage',
+)
+
+SUCCESSFUL_TOOL_RESULT_KINDS: frozenset[str] = frozenset({'tool_return', 'tool_content_result'})
+"""Recorded tool outcomes pydantic-ai counts as a call; retries, failures and deferrals are not counted."""
+
+_LOOKAHEAD_SLACK = 16
+"""Extra journal positions `credit_successors` scans past `2 * calls + 1`.
+
+Positions between a response and the next request are not all tool calls: discovery, event handler
+and capability steps can sit in between, so the scan allows some room for them.
+"""
+
+_NON_COUNTER_FIELDS = frozenset({'details', 'cost'})
+
+
+class JournalView(Protocol):
+    """The part of a journal run the ledger reads when it looks ahead for steps that will replay.
+
+    Looking ahead must respect the same fences as replay itself (SPEC S-3), so `peek` answers `None`
+    for a position that is empty, past a divergence, or at/after the run's failure fence.
+    """
+
+    def peek(self, position: int) -> Mapping[str, Any] | None:
+        """The entry (`name`, `kind`, `fingerprint`, `payload`) recorded at `position`, if replayable."""
+        ...
+
+    @property
+    def next_position(self) -> int:
+        """The first position the run has not claimed yet."""
+        ...
+
+
+_COUNTER_FIELDS: dict[type[Any], tuple[str, ...]] = {}
+
+
+def _counter_fields(usage_type: type[RequestUsage | RunUsage]) -> tuple[str, ...]:
+    """The numeric fields a usage class declares, found by introspection so new counters are covered."""
+    names = _COUNTER_FIELDS.get(usage_type)
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(usage_type) if f.name not in _NON_COUNTER_FIELDS)
+        _COUNTER_FIELDS[usage_type] = names
+    return names
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float))
+
+
+def _counter_names(usage: RequestUsage | RunUsage) -> list[str]:
+    """Declared counters plus any provider-specific counters carried as extra attributes.
+
+    pydantic-ai keeps unknown usage keys (e.g. a provider's `web_searches`) as attributes and sums
+    them when it adds usage, so they have to be taken back too.
+    """
+    declared = _counter_fields(type(usage))
+    extra = [name for name in vars(usage) if name not in declared and name not in _NON_COUNTER_FIELDS]
+    return [*declared, *extra]
+
+
+def _shift_usage(run_usage: RunUsage, usage: RequestUsage | RunUsage, sign: Literal[1, -1]) -> None:
+    for name in _counter_names(usage):
+        value = getattr(usage, name, 0)
+        current = getattr(run_usage, name, 0)
+        if _is_number(value) and _is_number(current):
+            setattr(run_usage, name, current + sign * value)
+    for key, value in usage.details.items():
+        if _is_number(value):  # providers sometimes report None despite the annotation
+            run_usage.details[key] = run_usage.details.get(key, 0) + sign * value
+    if usage.cost is not None:
+        run_usage.cost = (run_usage.cost or Decimal(0)) + sign * usage.cost
+
+
+def subtract_usage(run_usage: RunUsage, usage: RequestUsage | RunUsage) -> None:
+    """Take one response's usage, or an operation's accumulated `RunUsage` delta, off `run_usage` in place (U-2).
+
+    It is the exact inverse of the add pydantic-ai is about to do, so every counter the usage object
+    carries is covered, `details` key by key, and the cost only when the subtracted usage has one.
+    `requests`/`tool_calls` move only when `usage` is a `RunUsage` (a `RequestUsage` never adds them).
+    """
+    _shift_usage(run_usage, usage, -1)
+
+
+subtract_request_usage = subtract_usage
+"""The name SPEC U-2 uses for `subtract_usage`."""
+
+
+def add_usage(run_usage: RunUsage, usage: RequestUsage | RunUsage) -> None:
+    """Add `usage` to `run_usage` in place: the inverse of `subtract_usage`, under the same rules.
+
+    The ledger uses it to give back a subtraction that turned out too large, such as the previous
+    segment of a background job that is polled again.
+    """
+    _shift_usage(run_usage, usage, 1)
+
+
+def fill_replayed_cost(response: ModelResponse) -> None:
+    """Price a replayed response in place, the way the graph prices every response it receives (U-3).
+
+    Responses are journaled before the graph prices them, so a replay arrives with `cost=None` and the
+    graph would then add a price the ledger never took off. This runs the same genai-prices lookup,
+    including the graph's rule that a response with unmeasured usage keeps a positive price but not a
+    zero one, and leaves anything it cannot price alone (the graph warns about that, not us).
+    """
+    usage = response.usage
+    if usage.cost is not None or not response.model_name:
+        return
+    try:
+        if usage.unmeasured_requests:
+            # `ModelResponse.cost()` refuses usage with unmeasured requests, but the graph still prices it
+            # as a lower bound; pricing a copy without the marker gives the same figure.
+            measured = copy.copy(usage)
+            measured.unmeasured_requests = 0
+            price = dataclasses.replace(response, usage=measured).cost().total_price
+            if price == 0:
+                return
+        else:
+            price = response.cost().total_price
+    except Exception:
+        return
+    usage.cost = price
+
+
+def is_successful_tool_payload(payload: object) -> bool:
+    """Whether a recorded tool payload is an outcome pydantic-ai counts in `tool_calls` (U-4).
+
+    Retries, failures, approvals and deferrals replay too, but the tool manager does not count them,
+    so there is nothing to cancel for them.
+    """
+    return isinstance(payload, Mapping) and payload.get('kind') in SUCCESSFUL_TOOL_RESULT_KINDS
+
+
+@dataclasses.dataclass
+class _PendingDelta:
+    """A replayed operation's usage delta, waiting until pydantic-ai has added it to the run."""
+
+    usage: RunUsage
+    new_detail_keys: set[str]
+    new_attributes: set[str]
+    cost_was_unset: bool
+
+
+class ReplayUsageLedger:
+    """Cancels what pydantic-ai counts for replayed steps and pre-credits the limit checks that precede them.
+
+    One ledger serves one agent run, over the `RunUsage` that run was given. The public methods are
+    called by the durable backend at fixed points of every model request and tool call (SPEC A-6,
+    A-5); `settle()` runs at the start of each model request and when the run ends.
+    """
+
+    run_usage: RunUsage
+
+    def __init__(self, *, run_usage: RunUsage, usage_limits: UsageLimits | None) -> None:
+        """Bind the ledger to the run's usage and limits (U-1).
+
+        Without explicit limits pydantic-ai still applies its defaults (`request_limit=50`), so the
+        re-checks here use them too.
+        """
+        self.run_usage = run_usage
+        self._limits = usage_limits if usage_limits is not None else UsageLimits()
+        self._request_credit = False
+        self._tool_credits: set[int] = set()
+        self._batch_projection: int | None = None
+        # The continuation chain the current model request belongs to, tracked twice: once over every
+        # segment for its tool calls, once over the replayed segments for the usage taken back for them.
+        self._previous_suspended = False
+        self._chain_calls = 0
+        self._calls_chain = _ChainShape()
+        self._usage_chain = _ChainShape()
+        # What the ledger has subtracted for the chain's replayed segments: what the graph's merge of
+        # them adds, which is not always their sum (a re-polled job replaces its usage snapshot).
+        self._chain_usage: RequestUsage | None = None
+        self._pending_deltas: list[_PendingDelta] = []
+        # Keys the ledger's own subtractions created; dropped again once replay and graph have netted
+        # them to zero, so a fully replayed run leaves `details`, extra counters and `cost` as they were.
+        self._new_detail_keys: set[str] = set()
+        self._new_attributes: set[str] = set()
+        self._cost_was_unset = False
+
+    # -- crediting ---------------------------------------------------------------------------------
+
+    def credit_first_replay(self, run: JournalView) -> None:
+        """Credit the run's first model request when the journal holds a response for it (U-7).
+
+        pydantic-ai checks `request_limit` before that request ever reaches the durable layer, so a
+        retry whose seeded `requests` already sits at the limit could not even start a replay. Entries
+        before the first model step (discovery, capability operations) are stepped over; a gap ends it.
+        """
+        position = run.next_position
+        while (entry := run.peek(position)) is not None:
+            if entry.get('kind') == 'model':
+                self.credit_request()
+                return
+            position += 1
+
+    def credit_request(self) -> None:
+        """Count the next model request down in advance because the journal says it will replay (U-8).
+
+        Only one request can be pending at a time; a second credit would let a live request past the limit.
+        """
+        if not self._request_credit:
+            self._request_credit = True
+            self.run_usage.requests -= 1
+
+    def credit_successors(self, run: JournalView, position: int) -> None:
+        """Credit the recorded steps that follow the complete replayed response at `position` (U-9).
+
+        When the response first ran, its function-tool calls took the positions after it and the next
+        model request came after them. Tool steps with a counted result are credited for pydantic-ai's
+        up-front batch projection, and the next model step for its `check_before_request`. An empty
+        position is a call that raised or was never recorded; more of those than calls ends the scan.
+        """
+        calls = self._chain_calls
+        last = position + 2 * calls + 1 + _LOOKAHEAD_SLACK
+        gaps = 0
+        collected: list[int] = []
+        for candidate in range(position + 1, last + 1):
+            entry = run.peek(candidate)
+            if entry is None:
+                gaps += 1
+                if gaps > calls:
+                    break
+                continue
+            kind = entry.get('kind')
+            if kind == 'model':
+                self.credit_request()
+                break
+            if kind == 'tool' and is_successful_tool_payload(entry.get('payload')):
+                collected.append(candidate)
+        self.credit_tool_steps(collected, batch_calls=calls)
+
+    def credit_tool_steps(self, positions: Iterable[int], *, batch_calls: int) -> None:
+        """Count the tool calls at these positions down in advance, and note pydantic-ai's projection (U-10).
+
+        `batch_calls` is how many function-tool calls the replayed response issued, which is what the
+        up-front `check_before_tool_call` adds to the (credited) count; `record_live_tool_call` re-checks
+        against that figure when a credited call turns out live.
+        """
+        for position in positions:
+            if position not in self._tool_credits:
+                self._tool_credits.add(position)
+                self.run_usage.tool_calls -= 1
+        self._batch_projection = self.run_usage.tool_calls + batch_calls
+
+    def settle(self) -> bool:
+        """Give back every credit not resolved yet, and return whether a request credit was outstanding (U-11).
+
+        A credit for a step the run never reached (it diverged, or stopped) only ever loosened one
+        up-front check, and must not survive into the run's total. Replayed operation deltas still
+        waiting (see `apply_capability_replays`) are taken off here at the latest.
+        """
+        self.apply_capability_replays()
+        if self._tool_credits:
+            self.run_usage.tool_calls += len(self._tool_credits)
+            self._tool_credits.clear()
+        self._batch_projection = None
+        had_request_credit = self._request_credit
+        if had_request_credit:
+            self._request_credit = False
+            self.run_usage.requests += 1
+        self._tidy()
+        return had_request_credit
+
+    # -- model requests ----------------------------------------------------------------------------
+
+    def begin_model_request(self, messages: Sequence[ModelMessage]) -> bool:
+        """Note that a model request starts, and return whether it continues a suspended response (U-5).
+
+        pydantic-ai resumes a suspended response (Anthropic `pause_turn`, OpenAI background mode) by
+        sending it back as the last message, and counts the whole chain as a single request.
+        """
+        last = messages[-1] if messages else None
+        continuing = (
+            self._previous_suspended and isinstance(last, ModelResponse) and last.state == 'suspended'
+        )
+        if not continuing:
+            self._chain_calls = 0
+            self._calls_chain = _ChainShape()
+        return continuing
+
+    def track_chain(self, response: ModelResponse, params: ModelRequestParameters) -> None:
+        """Count the function-tool calls `response` issues, for crediting the steps after it (U-6).
+
+        Merging a re-poll of the same job, or a response from another model, keeps only the newest
+        segment's parts, so its calls replace the count; added-up segments add theirs.
+        """
+        function_names = {tool.name for tool in params.function_tools}
+        calls = sum(
+            1 for part in response.parts if isinstance(part, ToolCallPart) and part.tool_name in function_names
+        )
+        if self._calls_chain.fold(response) == 'accumulate':
+            self._chain_calls += calls
+        else:
+            self._chain_calls = calls
+        self._previous_suspended = response.state == 'suspended'
+
+    def record_model_replay(self, response: ModelResponse, *, continuation: bool) -> None:
+        """Take back what the graph is about to add for a replayed model response (U-12).
+
+        The graph prices the response, adds its usage and counts one request per continuation chain.
+        A chain's segments are summed when merged, except a re-poll of the same provider response,
+        whose merged usage is its latest cumulative snapshot; so the ledger tracks what the merge will
+        add. A non-`ModelRetry` error from `after_model_request` leaves one request under-counted:
+        pydantic-ai adds the tokens before that hook but counts the request only after it.
+        """
+        fill_replayed_cost(response)
+        segment = response.usage
+        if not continuation:
+            self.run_usage.requests -= 1
+            self._reset_usage_chain()
+        chain = self._chain_usage
+        mode = self._usage_chain.fold(response)
+        if chain is None or mode == 'first':
+            merged = copy.copy(segment)
+        elif mode == 'same-job':
+            # The merge keeps only this newer snapshot of the job, so the previous one is given back.
+            add_usage(self.run_usage, chain)
+            merged = copy.copy(segment)
+        else:
+            merged = chain + segment
+        self._subtract(segment)
+        self._chain_usage = merged
+
+    def record_live_model_request(self, *, had_request_credit: bool) -> None:
+        """Re-run the request check for a request that was credited but is about to go out live (U-13).
+
+        pydantic-ai's own check passed against the credited count, which assumed a free replay; this
+        raises `UsageLimitExceeded` before the model is called if the real count is over the limit.
+        """
+        self._reset_usage_chain()
+        if had_request_credit:
+            self._limits.check_before_request(self.run_usage)
+
+    # -- tool calls --------------------------------------------------------------------------------
+
+    def record_tool_replay(self, position: int) -> None:
+        """Cancel the `tool_calls += 1` the tool manager adds after a replayed successful call (U-14).
+
+        A credited position was counted down in advance, so the credit is simply used up.
+        """
+        if position in self._tool_credits:
+            self._tool_credits.discard(position)
+        else:
+            self.run_usage.tool_calls -= 1
+
+    def record_live_tool_call(self, position: int) -> None:
+        """Give back the credit of a call that ran live, and re-check the batch against the limit (U-15).
+
+        pydantic-ai's up-front check treated every credited call of the batch as free. Each one that
+        turns live raises the remembered projection by one and re-checks it, so whichever credited call
+        turns live last is checked against all live calls of the batch, whatever order they finish in.
+        `batch_calls` may over-count (approval or external tools), which only makes this stricter.
+        """
+        if position not in self._tool_credits:
+            return
+        self._tool_credits.discard(position)
+        self.run_usage.tool_calls += 1
+        if self._batch_projection is None:
+            return
+        self._batch_projection += 1
+        if self._limits.tool_calls_limit is not None:
+            projected = copy.copy(self.run_usage)
+            projected.tool_calls = self._batch_projection
+            self._limits.check_before_tool_call(projected)
+
+    # -- capability operations ---------------------------------------------------------------------
+
+    def record_capability_replay(self, payload: object) -> None:
+        """Queue the usage delta a replayed `@durable_operation` brings back, to be cancelled (U-16).
+
+        pydantic-ai adds an operation's recorded `usage_delta` when the operation returns, but only if
+        the run's usage did not change during the call; subtracting inside the call would make it skip
+        the add and leave the delta taken off twice. So the delta waits for `apply_capability_replays()`,
+        which the caller runs once the operation has returned (and `settle()` runs anyway).
+        """
+        delta = _usage_delta_of(payload)
+        if delta is None:
+            return
+        self._pending_deltas.append(
+            _PendingDelta(
+                usage=delta,
+                new_detail_keys={key for key in delta.details if key not in self.run_usage.details},
+                new_attributes={name for name in _counter_names(delta) if not hasattr(self.run_usage, name)},
+                cost_was_unset=self.run_usage.cost is None and delta.cost is not None,
+            )
+        )
+
+    def apply_capability_replays(self) -> None:
+        """Subtract the queued deltas of replayed operations, now that pydantic-ai has added them back.
+
+        Call it right after a capability operation returns to its caller; until then the run's usage
+        briefly includes the replayed delta.
+        """
+        pending, self._pending_deltas = self._pending_deltas, []
+        for item in pending:
+            subtract_usage(self.run_usage, item.usage)
+            self._new_detail_keys |= item.new_detail_keys
+            self._new_attributes |= item.new_attributes
+            self._cost_was_unset = self._cost_was_unset or item.cost_was_unset
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _reset_usage_chain(self) -> None:
+        self._usage_chain = _ChainShape()
+        self._chain_usage = None
+
+    def _subtract(self, usage: RequestUsage | RunUsage) -> None:
+        """`subtract_usage`, remembering which keys it creates so `settle()` can tidy them away."""
+        run_usage = self.run_usage
+        self._new_detail_keys.update(key for key in usage.details if key not in run_usage.details)
+        self._new_attributes.update(name for name in _counter_names(usage) if not hasattr(run_usage, name))
+        if usage.cost is not None and run_usage.cost is None:
+            self._cost_was_unset = True
+        subtract_usage(run_usage, usage)
+
+    def _tidy(self) -> None:
+        """Drop keys the ledger created once they are back to zero, and an unknown cost it made `0`."""
+        run_usage = self.run_usage
+        for key in list(self._new_detail_keys):
+            if run_usage.details.get(key) == 0:
+                del run_usage.details[key]
+            if key not in run_usage.details:
+                self._new_detail_keys.discard(key)
+        declared = set(_counter_fields(type(run_usage)))
+        for name in list(self._new_attributes):
+            if name not in declared and getattr(run_usage, name, None) == 0:
+                delattr(run_usage, name)
+            if not hasattr(run_usage, name) or name in declared:
+                self._new_attributes.discard(name)
+        if self._cost_was_unset and run_usage.cost is not None and run_usage.cost == 0:
+            run_usage.cost = None
+            self._cost_was_unset = False
+
+
+def _usage_delta_of(payload: object) -> RunUsage | None:
+    """The `usage_delta` of a recorded operation result: its JSON form, or an already decoded result."""
+    raw = payload.get('usage_delta') if isinstance(payload, Mapping) else getattr(payload, 'usage_delta', None)
+    if isinstance(raw, RunUsage):
+        return raw
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        delta = JSON_CODEC.load(RunUsage, dict(raw))
+    except (TypeError, ValueError):
+        return None
+    return delta if isinstance(delta, RunUsage) else None
+
+
+_MergeMode = Literal['first', 'same-job', 'new-model', 'accumulate']
+
+
+@dataclasses.dataclass
+class _ChainShape:
+    """The identity of a continuation chain's merged response, enough to predict how the next segment merges.
+
+    The graph merges a segment by replacing the merged response when it polls the same provider
+    response again (usage becomes the new cumulative snapshot) or comes from a different model (usage
+    still summed), and by adding it up otherwise. Mirroring that keeps the ledger's subtraction equal
+    to what the graph commits for the chain.
+    """
+
+    started: bool = False
+    response_id: str | None = None
+    model_name: str | None = None
+
+    def fold(self, segment: ModelResponse) -> _MergeMode:
+        """Classify how `segment` merges into the chain so far, and fold it in."""
+        segment_id = segment.provider_response_id
+        mode: _MergeMode
+        if not self.started:
+            mode = 'first'
+        elif self.response_id and self.response_id == segment_id:
+            mode = 'same-job'
+        elif self.model_name and segment.model_name and self.model_name != segment.model_name:
+            mode = 'new-model'
+        else:
+            mode = 'accumulate'
+        # An added-up segment without an id of its own keeps the chain's; a replacing one brings its own.
+        self.response_id = (segment_id or self.response_id) if mode == 'accumulate' else segment_id
+        self.model_name = segment.model_name
+        self.started = True
+        return mode

@@ -1,0 +1,167 @@
+"""The recorded form of a tool call made through a toolset pydantic-ai does not journal itself (SPEC T-1..T-6).
+
+Custom `AbstractToolset`s and `ExternalToolset`s have no wire format of their own, so their outcomes
+are stored as small JSON dicts tagged with a `kind`. Control-flow exceptions are outcomes the model
+reacts to, so they are stored as values and raised again on replay; any other exception is a crash
+and is never stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, ToolFailed
+from pydantic_ai.messages import ToolReturn
+from pydantic_core import PydanticSerializationError
+
+from ._errors import JournalError
+
+__all__ = (
+    'CONTROL_FLOW_EXCEPTIONS',
+    'call_and_encode',
+    'decode_payload',
+    'encode_exception',
+    'encode_result',
+    'is_replayable_payload',
+)
+
+CONTROL_FLOW_EXCEPTIONS: tuple[type[Exception], ...] = (ModelRetry, ToolFailed, ApprovalRequired, CallDeferred)
+"""Exceptions a tool raises to steer the agent; they are recorded as outcomes rather than failures (T-2)."""
+
+_ANY_ADAPTER: TypeAdapter[Any] = TypeAdapter(Any)
+_TOOL_RETURN_ADAPTER: TypeAdapter[ToolReturn[Any]] = TypeAdapter(ToolReturn)
+_ENCODE_ERRORS = (PydanticSerializationError, TypeError, ValueError)
+_MESSAGE_KINDS = frozenset({'model_retry', 'tool_failed'})
+_METADATA_KINDS = frozenset({'approval_required', 'call_deferred'})
+
+
+async def call_and_encode(
+    call: Callable[[], Awaitable[object]], *, tool_name: str
+) -> tuple[object, dict[str, Any] | None]:
+    """Run a tool and return its live outcome together with the payload to record.
+
+    The outcome is the tool's return value, or the control-flow exception it raised, which the caller
+    must raise again once the payload is recorded (check `isinstance(outcome, CONTROL_FLOW_EXCEPTIONS)`
+    or the payload's `kind`). Any other exception propagates untouched, so nothing is recorded and the
+    call runs again on the next attempt (T-3).
+    """
+    try:
+        value = await call()
+    except CONTROL_FLOW_EXCEPTIONS as exc:
+        return exc, encode_exception(exc, tool_name=tool_name)
+    return value, encode_result(value, tool_name=tool_name)
+
+
+def encode_result(value: object, *, tool_name: str) -> dict[str, Any]:
+    """Encode a tool's return value as a `tool_return` payload of plain JSON data (T-1, T-4).
+
+    Encoding happens before recording so that a value the journal cannot hold fails the step at once
+    with a clear, non-retryable error instead of breaking a later replay.
+    """
+    if isinstance(value, ToolReturn):
+        return {'kind': 'tool_return', 'tool_return': _to_json_data(value, tool_name=tool_name, what='returned')}
+    return {'kind': 'tool_return', 'result': _to_json_data(value, tool_name=tool_name, what='returned')}
+
+
+def encode_exception(exc: BaseException, *, tool_name: str | None = None) -> dict[str, Any] | None:
+    """Encode a control-flow exception as a payload, or return None for any other exception (T-2, T-3).
+
+    Retry and failure messages are kept as text; approval and deferral metadata is encoded like a
+    result, so it must be JSON-compatible too. `tool_name` only improves the error message.
+    """
+    if isinstance(exc, ModelRetry):
+        return {'kind': 'model_retry', 'message': _message_of(exc)}
+    if isinstance(exc, ToolFailed):
+        return {'kind': 'tool_failed', 'message': _message_of(exc)}
+    if isinstance(exc, ApprovalRequired):
+        kind = 'approval_required'
+    elif isinstance(exc, CallDeferred):
+        kind = 'call_deferred'
+    else:
+        return None
+    metadata = _to_json_data(exc.metadata, tool_name=tool_name, what=f'raised {type(exc).__name__} with metadata')
+    return {'kind': kind, 'metadata': metadata}
+
+
+def is_replayable_payload(payload: object) -> bool:
+    """Tell whether `decode_payload` can reproduce the outcome stored in `payload` (T-6).
+
+    A payload written by another version of this package is then run live again instead of failing the
+    execution for good on every attempt.
+    """
+    if not isinstance(payload, dict):
+        return False
+    kind = payload.get('kind')
+    if kind == 'tool_return':
+        if 'tool_return' in payload:
+            try:
+                _TOOL_RETURN_ADAPTER.validate_python(payload['tool_return'])
+            except ValidationError:
+                return False
+            return True
+        return 'result' in payload
+    if kind in _MESSAGE_KINDS:
+        return isinstance(payload.get('message'), str)
+    return kind in _METADATA_KINDS
+
+
+def decode_payload(payload: object) -> object:
+    """Return the recorded value, or raise the recorded control-flow exception (T-5).
+
+    Replay must look exactly like the live call to the agent loop: a value comes back, a signal is
+    raised with the same message or metadata, and the tool itself is not run.
+    """
+    if not isinstance(payload, dict):
+        raise JournalError(
+            f'cannot replay a tool payload of type {type(payload).__name__}: expected a dict with a "kind". '
+            'It was probably written by another version of pydantic_ai_durable; clear the execution to run it live.'
+        )
+    kind = payload.get('kind')
+    if kind == 'tool_return':
+        if 'tool_return' in payload:
+            try:
+                return _TOOL_RETURN_ADAPTER.validate_python(payload['tool_return'])
+            except ValidationError as exc:
+                raise JournalError(f'cannot replay a recorded ToolReturn that no longer validates: {exc}') from exc
+        if 'result' in payload:
+            return payload['result']
+    elif kind in _MESSAGE_KINDS:
+        message = payload.get('message')
+        if isinstance(message, str):
+            raise ModelRetry(message) if kind == 'model_retry' else ToolFailed(message)
+    elif kind == 'approval_required':
+        raise ApprovalRequired(metadata=payload.get('metadata'))
+    elif kind == 'call_deferred':
+        raise CallDeferred(metadata=payload.get('metadata'))
+    raise JournalError(
+        f'cannot replay a tool payload of kind {kind!r} with keys {sorted(map(str, payload))}. '
+        'It was probably written by another version of pydantic_ai_durable; clear the execution to run it live.'
+    )
+
+
+def _message_of(exc: ModelRetry | ToolFailed) -> str:
+    """Return the exception's message as text, whatever the tool passed to the constructor."""
+    message = getattr(exc, 'message', None)
+    return message if isinstance(message, str) else str(exc)
+
+
+def _to_json_data(value: object, *, tool_name: str | None, what: str) -> Any:
+    """Dump `value` to JSON-compatible Python data, turning a failure into a non-retryable `JournalError`.
+
+    The same value fails the same way on every attempt, so the message tells the user to change the tool
+    rather than retry; the model could not have read the value either.
+    """
+    try:
+        return _ANY_ADAPTER.dump_python(value, mode='json')
+    except _ENCODE_ERRORS as exc:
+        who = f'Tool {tool_name!r}' if tool_name else 'A tool'
+        module = type(value).__module__
+        type_name = type(value).__qualname__ if module == 'builtins' else f'{module}.{type(value).__qualname__}'
+        raise JournalError(
+            f'{who} {what} a value of type {type_name} that is not '
+            f'JSON-serializable ({exc}), so its outcome cannot be journaled. This is not retryable: the same '
+            'value fails on every attempt. Make the tool return JSON-compatible data (str, numbers, lists, '
+            'dicts, pydantic models, dataclasses, UTF-8 bytes) or convert the value before returning it.'
+        ) from exc

@@ -1,0 +1,94 @@
+"""Backend fixtures shared by the journal core and backend contract suites.
+
+Every fixture here is prefixed `backend_` or `core_` so other test modules can add their own freely.
+To run both suites against another backend, append one `BackendCase` factory to `BACKEND_FACTORIES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import diskcache
+import pytest
+
+from pydantic_ai_durable.journals import DiskJournal, Journal, MemoryJournal
+from pydantic_ai_durable.journals._common import execution_id
+
+Where = tuple[Any, ...]
+"""Where a raw value goes: `('entry', key, run, position)`, `('record', key, run, name)` or `('execution', key)`."""
+
+
+@dataclass
+class BackendCase:
+    """One backend under test, with the few hooks the contract suite needs beyond the protocol."""
+
+    name: str
+    journal: Journal
+    reopen: Callable[[], Journal]
+    """A second journal object over the same storage (for memory: the same object)."""
+    put_raw: Callable[[Where, object], None]
+    """Replace the stored representation of an existing value with `raw` (bypasses the journal's encoder)."""
+    shares_across_processes: bool
+
+
+def _memory_case(tmp_path: Path) -> BackendCase:
+    journal = MemoryJournal()
+
+    def put_raw(where: Where, raw: object) -> None:
+        stored = journal._executions[where[1]]
+        if where[0] == 'entry':
+            stored.runs[where[2]].entries[where[3]] = raw  # type: ignore[assignment]
+        elif where[0] == 'record':
+            stored.runs[where[2]].records[where[3]] = raw  # type: ignore[assignment]
+        else:
+            stored.record = raw  # type: ignore[assignment]
+
+    return BackendCase('memory', journal, lambda: journal, put_raw, shares_across_processes=False)
+
+
+def _disk_case(tmp_path: Path) -> BackendCase:
+    path = tmp_path / 'j'
+
+    def put_raw(where: Where, raw: object) -> None:
+        eid = execution_id(where[1])
+        if where[0] == 'entry':
+            item = f'{eid}/e/{where[2]}/{where[3]}'
+        elif where[0] == 'record':
+            item = f'{eid}/m/{where[2]}/{where[3]}'
+        else:
+            item = f'{eid}/x'
+        with diskcache.Cache(str(path), eviction_policy='none') as cache:
+            cache.set(item, raw)
+
+    return BackendCase('disk', DiskJournal(path), lambda: DiskJournal(path), put_raw, shares_across_processes=True)
+
+
+BACKEND_FACTORIES: list[Callable[[Path], BackendCase]] = [_memory_case, _disk_case]
+"""Factories of the backends every contract and core test runs against."""
+
+
+@pytest.fixture(params=BACKEND_FACTORIES, ids=lambda factory: factory.__name__.strip('_').removesuffix('_case'))
+async def backend_case(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BackendCase]:
+    case: BackendCase = request.param(tmp_path)
+    await case.journal.open()
+    opened: list[Journal] = [case.journal]
+    reopen = case.reopen
+
+    def tracked_reopen() -> Journal:
+        journal = reopen()
+        opened.append(journal)
+        return journal
+
+    case.reopen = tracked_reopen
+    yield case
+    for journal in opened:
+        await journal.close()
+
+
+@pytest.fixture
+def backend_journal(backend_case: BackendCase) -> Journal:
+    """An opened, empty journal of each backend."""
+    return backend_case.journal

@@ -1,0 +1,315 @@
+"""Usage with replay (SPEC section 14 and U2): replays cost nothing, live spend counts over all attempts."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+import subprocess
+import sys
+import textwrap
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import Calls, responses, tool_returns, two_step_agent
+from pydantic_ai import Agent, FunctionToolset
+from pydantic_ai.capabilities import AbstractCapability, durable_operation
+from pydantic_ai.exceptions import UsageLimitExceeded
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.tools import RunContext
+from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
+
+from pydantic_ai_durable import DiskJournal, Durable, Journal, MemoryJournal, execution
+
+
+@pytest.fixture(params=['memory', 'disk'])
+def new_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == 'memory':
+        shared = MemoryJournal()
+        return lambda: shared
+    return lambda: DiskJournal(tmp_path / 'journal')
+
+
+def tokens_model(calls: Calls, *, turns: int, crash_at_turn: int | None = None, name: str = 'tokens') -> FunctionModel:
+    """`turns` tool-call turns, then a final answer; response n uses 100*(n+1) input and 10*(n+1) output tokens."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.hit('model')
+        turn = responses(messages)
+        if turn == crash_at_turn:
+            raise RuntimeError(f'crash in request {turn + 1}')
+        usage = RequestUsage(input_tokens=100 * (turn + 1), output_tokens=10 * (turn + 1))
+        if turn < turns:
+            return ModelResponse(parts=[ToolCallPart('work', {'n': turn}, tool_call_id=f't{turn}')], usage=usage)
+        return ModelResponse(parts=[TextPart(f'{len(tool_returns(messages))} done')], usage=usage)
+
+    return FunctionModel(model, model_name=name)
+
+
+def working_agent(journal: Journal, calls: Calls, model: FunctionModel) -> Agent[None, str]:
+    def work(n: int) -> str:
+        calls.hit('tool')
+        return f'work {n}'
+
+    return Agent(model, name='worker', toolsets=[FunctionToolset([work], id='w')], capabilities=[Durable(journal)])
+
+
+async def test_j70_u17_partially_replayed_attempt_counts_only_live_work(new_journal: Any) -> None:
+    calls = Calls()
+    with pytest.raises(RuntimeError):
+        async with execution('j70'):
+            await working_agent(new_journal(), calls, tokens_model(calls, turns=1, crash_at_turn=1)).run('go')
+    async with execution('j70') as handle:
+        result = await working_agent(new_journal(), calls, tokens_model(calls, turns=1)).run('go')
+    attempt = handle.usage.attempt
+    assert (attempt.requests, attempt.tool_calls, attempt.input_tokens, attempt.output_tokens) == (1, 0, 200, 20)
+    # U2-2: the run's usage is the live spend of both attempts (the crashed request counted when it was sent)
+    assert (result.usage.requests, result.usage.tool_calls) == (3, 1)
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (300, 30)
+    assert handle.usage.total == result.usage
+
+
+async def test_u17_fully_replayed_attempt_leaves_usage_unchanged(new_journal: Any) -> None:
+    calls = Calls()
+    with pytest.raises(KeyError):
+        async with execution('full'):
+            first = await working_agent(new_journal(), calls, tokens_model(calls, turns=2)).run('go')
+            raise KeyError('after the run')
+    async with execution('full') as handle:
+        second = await working_agent(new_journal(), calls, tokens_model(calls, turns=2)).run('go')
+    assert second.usage == first.usage
+    assert handle.usage.attempt == RunUsage()
+    assert calls['model'] == 3
+
+
+async def three_requests_then_crash(new_journal: Any, key: str, calls: Calls) -> None:
+    with pytest.raises(RuntimeError):
+        async with execution(key):
+            await working_agent(new_journal(), calls, tokens_model(calls, turns=4, crash_at_turn=3)).run('go')
+
+
+async def test_u2_usage_over_attempts_counts_every_live_request(new_journal: Any) -> None:
+    calls = Calls()
+    await three_requests_then_crash(new_journal, 'u2a', calls)  # 3 answered + 1 sent and crashed
+    async with execution('u2a') as handle:
+        result = await working_agent(new_journal(), calls, tokens_model(calls, turns=4)).run('go')
+    assert handle.usage.attempt.requests == 2
+    assert result.usage.requests == 6
+    assert handle.usage.total.requests == 6
+
+
+async def test_u2_request_limit_caps_the_total_over_attempts(new_journal: Any) -> None:
+    calls = Calls()
+    with pytest.raises(RuntimeError):
+        async with execution('u2b'):
+            await working_agent(new_journal(), calls, tokens_model(calls, turns=4, crash_at_turn=2)).run('go')
+    assert calls['model'] == 3  # 2 answered, the 3rd sent and crashed: 3 requests paid
+    async with execution('u2b'):
+        with pytest.raises(UsageLimitExceeded):
+            await working_agent(new_journal(), calls, tokens_model(calls, turns=4)).run(
+                'go', usage_limits=UsageLimits(request_limit=4)
+            )
+    assert calls['model'] == 4  # request 3 ran live (the 4th paid); request 4 was stopped before the model
+
+
+CRASH_LOOP = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from pydantic_ai import Agent, FunctionToolset
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+    from pydantic_ai.usage import UsageLimits
+    from pydantic_ai_durable import DiskJournal, Durable, execution
+
+    journal_dir, counter = Path(sys.argv[1]), Path(sys.argv[2])
+
+    def model(messages, info):
+        with counter.open('a') as f:
+            f.write('call\\n')
+        done = sum(isinstance(p, ToolReturnPart) for m in messages for p in m.parts)
+        if done == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # inside the 2nd request, before its response is recorded
+        if done < 2:
+            return ModelResponse(parts=[ToolCallPart('work', {}, tool_call_id=f'w{done}')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    def work() -> str:
+        return 'ok'
+
+    agent = Agent(FunctionModel(model, model_name='loop'), name='loop', toolsets=[FunctionToolset([work], id='w')],
+                  capabilities=[Durable(DiskJournal(journal_dir))])
+    with execution('crash-loop'):
+        agent.run_sync('go', usage_limits=UsageLimits(request_limit=3))
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform == 'win32', reason='SIGKILL is POSIX')
+def test_u2_1_crash_loop_inside_a_model_request_still_reaches_request_limit(tmp_path: Path) -> None:
+    script = tmp_path / 'loop.py'
+    script.write_text(CRASH_LOOP)
+    outcomes = []
+    for _ in range(5):
+        done = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / 'journal'), str(tmp_path / 'calls')],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        outcomes.append('killed' if done.returncode == -signal.SIGKILL else done.stderr.strip().splitlines()[-1])
+    assert (tmp_path / 'calls').read_text().count('call') == 3
+    assert outcomes[:2] == ['killed', 'killed']
+    assert all('UsageLimitExceeded' in outcome for outcome in outcomes[2:])
+
+
+async def test_j71_u7_u9_resume_at_the_limits_replays_when_everything_replays(new_journal: Any) -> None:
+    calls = Calls()
+
+    def agent() -> Agent[None, str]:
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            calls.hit('model')
+            if responses(messages) == 0:
+                return ModelResponse(parts=[ToolCallPart('work', {'n': n}, tool_call_id=f'p{n}') for n in range(3)])
+            return ModelResponse(parts=[TextPart('all done')])
+
+        return working_agent(new_journal(), calls, FunctionModel(model, model_name='batch'))
+
+    limits = UsageLimits(request_limit=2, tool_calls_limit=3)
+    with pytest.raises(KeyError):
+        async with execution('j71'):
+            first = await agent().run('go', usage_limits=limits)
+            raise KeyError('after the run')
+    assert (first.usage.requests, first.usage.tool_calls) == (2, 3)
+    async with execution('j71'):
+        second = await agent().run('go', usage_limits=limits)
+    assert second.usage == first.usage
+    assert (calls['model'], calls['tool']) == (2, 3)
+
+
+@pytest.mark.parametrize('limit', [3, 4])
+async def test_j72_u15_credited_tool_that_turns_live_is_rechecked(new_journal: Any, limit: int) -> None:
+    calls = Calls()
+
+    def agent() -> Agent[None, str]:
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            calls.hit('model')
+            if responses(messages) == 0:
+                return ModelResponse(parts=[ToolCallPart('work', {'n': n}, tool_call_id=f'p{n}') for n in range(3)])
+            return ModelResponse(parts=[TextPart('all done')])
+
+        return working_agent(new_journal(), calls, FunctionModel(model, model_name='batch'))
+
+    with pytest.raises(KeyError):
+        async with execution('j72', cleanup='never'):
+            await agent().run('go')
+            raise KeyError('after the run')
+    journal = new_journal()
+    snapshot = await journal.read_run('j72', '0')
+    tool_position = next(position for position, entry in snapshot.entries.items() if entry['kind'] == 'tool')
+    stale = dict(snapshot.entries[tool_position], v=99)  # an entry of an unknown format reads as missing
+    assert await journal.write_entry('j72', '0', tool_position, stale)
+    async with execution('j72'):
+        if limit == 3:
+            with pytest.raises(UsageLimitExceeded):
+                await agent().run('go', usage_limits=UsageLimits(tool_calls_limit=limit))
+        else:
+            result = await agent().run('go', usage_limits=UsageLimits(tool_calls_limit=limit))
+            assert result.usage.tool_calls == 4
+    assert calls['tool'] == (3 if limit == 3 else 4)
+
+
+async def test_j73_u13_credited_request_that_diverges_is_rechecked_before_the_model(new_journal: Any) -> None:
+    calls = Calls()
+    with pytest.raises(KeyError):
+        async with execution('j73'):
+            await two_step_agent(new_journal(), calls, instructions='old').run('q')
+            raise KeyError('after the run')
+    assert calls['model'] == 2
+    async with execution('j73'):
+        with pytest.raises(UsageLimitExceeded):
+            await two_step_agent(new_journal(), calls, instructions='new').run(
+                'q', usage_limits=UsageLimits(request_limit=2)
+            )
+    assert calls['model'] == 2
+
+
+async def test_j74_u3_replayed_priced_response_costs_one_live_charge(new_journal: Any) -> None:
+    calls = Calls()
+    model = tokens_model(calls, turns=1, name='gpt-4o')
+    with pytest.raises(KeyError):
+        async with execution('j74'):
+            first = await working_agent(new_journal(), calls, model).run('go')
+            raise KeyError('after the run')
+    assert isinstance(first.usage.cost, Decimal) and first.usage.cost > 0
+    async with execution('j74') as handle:
+        second = await working_agent(new_journal(), calls, tokens_model(calls, turns=1, name='gpt-4o')).run('go')
+    assert second.usage.cost == first.usage.cost
+    assert (second.usage.requests, second.usage.input_tokens) == (first.usage.requests, first.usage.input_tokens)
+    assert handle.usage.attempt.cost in (None, 0)
+
+
+class Accrual(AbstractCapability[Any]):
+    """Calls a durable operation after each model response; the operation spends usage of its own."""
+
+    id = 'accrual'
+
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+
+    @durable_operation('accrue')
+    async def accrue(self, ctx: RunContext[Any], label: str) -> str:
+        self.calls.hit('accrue')
+        ctx.usage.incr(RunUsage(requests=1, input_tokens=7))
+        return f'accrued {label}'
+
+    async def after_model_request(
+        self, ctx: RunContext[Any], *, request_context: ModelRequestContext, response: ModelResponse
+    ) -> ModelResponse:
+        await self.accrue(ctx, str(len(request_context.messages)))
+        return response
+
+
+async def test_g57_j76_u16_capability_operations_replay_without_counting_twice(new_journal: Any) -> None:
+    calls = Calls()
+
+    def agent(crash: bool) -> Agent[None, str]:
+        return Agent(
+            tokens_model(calls, turns=1, crash_at_turn=1 if crash else None),
+            name='accruing',
+            toolsets=[FunctionToolset([lambda: 'x'], id='t')],
+            capabilities=[Accrual(calls), Durable(new_journal())],
+        )
+
+    agent_model = tokens_model(calls, turns=1)
+    del agent_model
+    with pytest.raises(RuntimeError):
+        async with execution('g57'):
+            await agent(True).run('go')
+    assert calls['accrue'] == 1
+    async with execution('g57') as handle:
+        result = await agent(False).run('go')
+    assert calls['accrue'] == 2  # one per completed request, none repeated
+    assert handle.stats.replayed['other'] == 1
+    live_only = handle.usage.attempt
+    assert result.usage.requests == live_only.requests + 3  # attempt 1: 1 answered + 1 crashed + 1 accrue
+    assert (result.usage.input_tokens - live_only.input_tokens) == 100 + 7
+
+
+def test_u2_every_run_usage_field_is_persisted() -> None:
+    from pydantic_ai_durable._usage import _USAGE, load_usage
+
+    usage = RunUsage(requests=1, tool_calls=2, details={'reasoning': 3}, cost=Decimal('0.5'))
+    for number, field in enumerate(dataclasses.fields(RunUsage), start=10):
+        if field.type in (int, 'int'):
+            setattr(usage, field.name, number)
+    restored = load_usage({'usage': _USAGE.dump_python(usage, mode='json')})
+    assert restored == usage
+
+
+def test_asyncio_is_available() -> None:
+    assert asyncio.get_event_loop_policy() is not None
