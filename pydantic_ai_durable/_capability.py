@@ -18,7 +18,7 @@ from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import AgentDepsT, RunContext
-from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
+from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset, WrapperToolset
 
 from ._backend import DurableBackend
 from ._errors import JournalError
@@ -41,6 +41,14 @@ def _not_journalable(error: Exception) -> BaseException:
         f'A result is not JSON-serializable, so it cannot be journaled: {error}. This error is not retryable: '
         'return JSON-compatible data (dicts, lists, strings, numbers, pydantic models, dataclasses) instead.'
     )
+
+
+def _is_mcp_toolset(toolset: object) -> bool:
+    try:
+        from pydantic_ai.mcp import MCPToolset
+    except ImportError:
+        return False
+    return isinstance(toolset, MCPToolset)
 
 
 @dataclass
@@ -210,8 +218,15 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
             if active is not None:
                 active.ledger.apply_capability_replays()
 
-    def _wrap_other_leaf_toolset(self, ts: AbstractToolset[AgentDepsT]) -> WrapperToolset[AgentDepsT] | None:
-        """Journal leaves pydantic-ai does not run as durable units itself (A-8)."""
+    def _wrap_leaf_toolset(self, ts: AbstractToolset[AgentDepsT]) -> WrapperToolset[AgentDepsT] | None:
+        """Journal leaves pydantic-ai does not run as durable units itself (A-8).
+
+        Overridden rather than the base's `_wrap_other_leaf_toolset` hook, which the base skips when the
+        optional MCP package is not installed.
+        """
+        wrapped = super()._wrap_leaf_toolset(ts)
+        if wrapped is not None or isinstance(ts, (FunctionToolset, DynamicToolset)) or _is_mcp_toolset(ts):
+            return wrapped
         return JournaledToolset(ts, capability=self)
 
     @contextmanager

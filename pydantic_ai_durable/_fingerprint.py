@@ -17,22 +17,24 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import hashlib
 import importlib.util
 import json
 import logging
 import math
+import operator
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from datetime import timedelta
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 from uuid import UUID
 
-from pydantic import TypeAdapter
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
+from pydantic import ConfigDict, TypeAdapter
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_core import to_jsonable_python
 
@@ -197,12 +199,6 @@ def _adapter(kind: Any) -> TypeAdapter[Any]:
     if adapter is None:
         adapter = _ADAPTERS[kind] = TypeAdapter(kind)
     return adapter
-
-
-def _message_adapter(message: ModelMessage) -> TypeAdapter[Any]:
-    """The serializer the `ModelMessage` union dispatches to; calling it directly skips the dispatch."""
-    kind = type(message)
-    return _adapter(kind) if kind is ModelRequest or kind is ModelResponse else _adapter(ModelMessage)
 
 
 def _canonical(value: Any) -> str:
@@ -541,37 +537,152 @@ def _strip_volatile(message: Any) -> Any:
     return result
 
 
-def _message_texts(messages: Sequence[ModelMessage], secrets: Masker | None) -> list[bytes]:
-    """Canonical JSON of each message: dump, order sets, mask, strip volatile fields (FP-3, FP-8, FP-9).
+def _finish_message(rendered: Any, secrets: Masker | None) -> bytes:
+    """Mask, then drop volatile fields, then encode (FP-3's order)."""
+    masked = secrets.mask(rendered) if secrets is not None else rendered
+    return _canonical(_strip_volatile(masked)).encode('ascii')
 
-    All guides are taken before any message is rendered, so a python-mode `TypeError` anywhere switches
-    the whole history to FP-9 before a refusal elsewhere could decide the outcome, exactly as when the
-    history is dumped as one list. Each message is masked on its own; masking recurses into lists element
-    by element (K-2), so this equals masking the list.
+
+def _history_texts(messages: Sequence[ModelMessage], secrets: Masker | None) -> list[bytes]:
+    """FP-3 as written: dump the whole history with `ModelMessagesTypeAdapter`, order, mask, strip.
+
+    This is the reference the incremental path is checked against, so it takes no shortcuts. Each message
+    is masked on its own; masking recurses into a list element by element (K-2), so that equals masking
+    the list, and it lets the incremental path mask only new messages.
     """
-    adapters = [_message_adapter(message) for message in messages]
+    history = list(messages)
     try:
-        guides = [adapter.dump_python(message) for adapter, message in zip(adapters, messages, strict=True)]
+        guides: list[Any] | None = ModelMessagesTypeAdapter.dump_python(history)
     except TypeError:
-        raise _UseJsonAsIs from None
-    specials = [_inspect_guide(guide) for guide in guides]
-    texts: list[bytes] = []
-    for adapter, message, guide, special in zip(adapters, messages, guides, specials, strict=True):
-        rendered = adapter.dump_python(message, mode='json')
-        texts.append(_finish_message(_order(rendered, guide) if special else rendered, secrets))
-    return texts
-
-
-def _message_texts_as_is(messages: Sequence[ModelMessage], secrets: Masker | None) -> list[bytes]:
-    """FP-9: the JSON rendering with nothing sorted and nothing refused."""
+        guides = None  # FP-9: nothing sorted, nothing refused
+    specials = [_inspect_guide(guide) for guide in guides] if guides is not None else [False] * len(history)
+    rendered = ModelMessagesTypeAdapter.dump_python(history, mode='json')
     return [
-        _finish_message(_message_adapter(message).dump_python(message, mode='json'), secrets) for message in messages
+        _finish_message(_order(item, guides[index]) if guides is not None and specials[index] else item, secrets)
+        for index, item in enumerate(rendered)
     ]
 
 
-def _finish_message(rendered: Any, secrets: Masker | None) -> bytes:
-    masked = secrets.mask(rendered) if secrets is not None else rendered
-    return _canonical(_strip_volatile(masked)).encode('ascii')
+# ----- incremental rendering of single messages (PERF-1) ---------------------------------------------------
+
+_PLAIN_LEAVES = frozenset({str, int, float, bool, type(None), bytes, datetime, date, time, timedelta, Decimal, UUID})
+_FRAMEWORK_DATACLASSES: dict[type[Any], bool] = {}
+
+
+def _is_framework_dataclass(kind: type[Any]) -> bool:
+    known = _FRAMEWORK_DATACLASSES.get(kind)
+    if known is None:
+        package = (getattr(kind, '__module__', '') or '').split('.', 1)[0]
+        known = dataclasses.is_dataclass(kind) and package == 'pydantic_ai' and '__slots__' not in vars(kind)
+        _FRAMEWORK_DATACLASSES[kind] = known
+    return known
+
+
+class _Snapshot:
+    """Every object reachable in a plain message, in walk order, plus the size of every container.
+
+    Leaves of a plain message are immutable, so two walks that meet the very same objects in the same order
+    with the same container sizes went through an unchanged message: any assignment, insertion or removal
+    anywhere in it shows up as a different object or size. Holding the objects keeps their ids from being
+    reused by replacements.
+    """
+
+    __slots__ = ('nodes', 'sizes')
+
+    def __init__(self, nodes: list[object], sizes: list[int]) -> None:
+        self.nodes = nodes
+        self.sizes = sizes
+
+    def matches(self, other: _Snapshot) -> bool:
+        return (
+            len(self.nodes) == len(other.nodes)
+            and self.sizes == other.sizes
+            and all(map(operator.is_, self.nodes, other.nodes))
+        )
+
+
+def _snapshot(message: object) -> _Snapshot | None:
+    """Walk a message if it is provably plain, else `None`.
+
+    Plain means: only pydantic-ai's own dataclasses (walked through their attributes), dicts with string
+    keys, lists, tuples and immutable scalar leaves. The python-mode dump of such a message has no set, no
+    iterator and no non-string key, so its guide dump (a third of the cost of a new message) can be
+    skipped; anything else, such as a pydantic model or an unknown object in a tool result, gets the real
+    guide.
+    """
+    nodes: list[object] = []
+    sizes: list[int] = []
+    stack: list[Any] = [message]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        kind = type(node)
+        if kind in _PLAIN_LEAVES:
+            continue
+        if kind is dict:
+            for key in node:
+                if type(key) is not str:
+                    return None
+            nodes.extend(node)
+            stack.extend(node.values())
+        elif kind is list or kind is tuple:
+            stack.extend(node)
+        elif _is_framework_dataclass(kind):
+            node = vars(node)
+            nodes.extend(node)
+            stack.extend(node.values())
+        else:
+            return None
+        sizes.append(len(node))
+    return _Snapshot(nodes, sizes)
+
+
+_MESSAGE_DUMPERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def _message_dumper(kind: type[Any]) -> TypeAdapter[Any]:
+    """A `list[kind]` adapter with `ModelMessagesTypeAdapter`'s config, which skips the union's dispatch.
+
+    The config matters: it renders bytes as base64. When it cannot be read, the union adapter is used.
+    """
+    dumper = _MESSAGE_DUMPERS.get(kind)
+    if dumper is None:
+        config = getattr(ModelMessagesTypeAdapter, '_config', None)
+        if kind in (ModelRequest, ModelResponse) and isinstance(config, dict):
+            dumper = TypeAdapter(list[kind], config=cast(ConfigDict, config))  # type: ignore[valid-type]
+        else:
+            dumper = ModelMessagesTypeAdapter
+        _MESSAGE_DUMPERS[kind] = dumper
+    return dumper
+
+
+def _dump_message(message: ModelMessage, mode: Literal['python', 'json']) -> Any:
+    return _message_dumper(type(message)).dump_python([message], mode=mode)[0]
+
+
+def _new_message_texts(
+    messages: Sequence[ModelMessage], snapshots: Sequence[_Snapshot | None], secrets: Masker | None
+) -> list[bytes]:
+    """`_history_texts` for the messages a step added, one message at a time.
+
+    All guides are taken before anything is rendered, as a whole-history dump would: a python-mode
+    `TypeError` anywhere must switch the history to FP-9 before a refusal elsewhere decides the outcome,
+    and an iterator must be refused before rendering consumes it. A message with a snapshot is plain and
+    needs no guide.
+    """
+    try:
+        guides = [
+            None if snapshot is not None else _dump_message(message, 'python')
+            for message, snapshot in zip(messages, snapshots, strict=True)
+        ]
+    except TypeError:
+        raise _UseJsonAsIs from None
+    specials = [guide is not None and _inspect_guide(guide) for guide in guides]
+    texts: list[bytes] = []
+    for message, guide, special in zip(messages, guides, specials, strict=True):
+        rendered = _dump_message(message, 'json')
+        texts.append(_finish_message(_order(rendered, guide) if special else rendered, secrets))
+    return texts
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -592,13 +703,6 @@ def _hash_messages(hasher: _Hash, texts: Iterable[bytes], first: bool) -> None:
             hasher.update(b',')
         hasher.update(text)
         first = False
-
-
-def _history_texts(messages: Sequence[ModelMessage], secrets: Masker | None) -> list[bytes]:
-    try:
-        return _message_texts(messages, secrets)
-    except _UseJsonAsIs:
-        return _message_texts_as_is(messages, secrets)
 
 
 def _full_digest(
@@ -720,29 +824,28 @@ class _ParamsCache:
 class ModelFingerprinter:
     """Model request fingerprints for one agent run, in time proportional to what is new (PERF-1).
 
-    Each request's history normally extends the previous one by a response and a request, so this keeps
-    a running sha256 over the canonical JSON of the messages already seen and renders only the new ones;
-    the result is the from-scratch digest of `fingerprint_model_request`.
+    Each request's history normally extends the previous one by a response and a request, so this keeps a
+    running sha256 over the canonical JSON of the messages already seen and renders only the new ones. The
+    result is always the digest `fingerprint_model_request` computes from scratch.
 
-    When the cached prefix is reused (and why that is safe):
+    When the running hash is reused, and why that is safe:
 
-    - Every position of the cached prefix must hold the very object that was rendered there (or one that
-      compares equal to it). This is a single list comparison, done in C with an identity shortcut, so it
-      stays in the microseconds at thousands of messages. Compaction, removed or replaced messages, and
-      history processors that build new messages therefore all fall back to rendering from the first
-      difference.
-    - The last message of every call is rendered but never added to the running hash: the next call
-      renders it again. That is the message pydantic-ai edits in place (it stamps metadata and appends
-      instruction or tool-availability deltas to the request it is sending, see
-      `_history_recording_targets` in pydantic-ai's agent graph), so an edit to it is always seen.
-    - A change of the masker's `generation` (a newly registered secret) drops the cache.
-    - What is not seen is an in-place edit of an older message object, e.g. a history processor that
-      assigns to a part of an old message instead of replacing the message. Noticing that requires
-      rendering or deep-comparing the whole history on every call, which is the cost this class exists to
-      avoid; pydantic-ai itself never does it. Setting `PYDANTIC_AI_DURABLE_VERIFY_FINGERPRINTS=1` makes
-      every call compare with the from-scratch digest and raise `AssertionError` on a difference.
+    - Every position it covers must still hold the object that was rendered there (or one equal to it).
+      That is one list comparison, done in C with an identity shortcut, so it costs microseconds even at
+      thousands of messages. Compaction, removed, inserted or replaced messages, and history processors
+      that build new messages all restart the rendering at the first difference.
+    - The last message of the previous call is checked in full: its snapshot (every object reachable in
+      it, with every container's size) must match exactly, or it is rendered again. That is the message
+      pydantic-ai edits in place: it stamps metadata on, and appends instruction and tool-availability
+      deltas to, the request it is sending (`_history_recording_targets` in its agent graph).
+    - A new `generation` of the masker (a secret registered since) drops everything.
+    - Not seen: an in-place edit of an older message object, e.g. a history processor that assigns to a
+      part of a message from several steps ago instead of replacing the message. Detecting that means
+      walking the whole history on every request, the quadratic cost this class exists to remove, and
+      pydantic-ai itself never does it. With `PYDANTIC_AI_DURABLE_VERIFY_FINGERPRINTS=1`, every call is
+      compared with the from-scratch digest and a difference raises `AssertionError`.
 
-    A history with a value that forces FP-9 is always fingerprinted from scratch.
+    A history that needs FP-9 (a set of models somewhere) is fingerprinted from scratch every time.
     """
 
     def __init__(self, *, secrets: Masker | None = None) -> None:
@@ -755,6 +858,8 @@ class ModelFingerprinter:
     def _reset(self) -> None:
         self._objects: list[ModelMessage] = []
         self._hasher = hashlib.sha256(_MESSAGES_OPEN)
+        self._before_last: _Hash | None = None
+        self._last: _Snapshot | None = None
 
     def fingerprint(
         self,
@@ -806,24 +911,45 @@ class ModelFingerprinter:
             self._generation = generation
             self._reset()
         start = self._reusable_prefix(history)
+        new = history[start:]
+        snapshots = [_snapshot(message) for message in new]
         try:
-            texts = _message_texts(history[start:], self._secrets)
+            texts = _new_message_texts(new, snapshots, self._secrets)
         except _UseJsonAsIs:
             self._reset()
             return _full_digest(identity, history, settings, params, self._secrets)
         tail = _request_tail(identity, _settings_text(settings), self._params.text(params))
-        committed = max(len(history) - 1, start) - start
-        _hash_messages(self._hasher, texts[:committed], first=start == 0)
-        self._objects.extend(history[start : start + committed])
+        self._commit(new, snapshots, texts)
         hasher = self._hasher.copy()
-        _hash_messages(hasher, texts[committed:], first=not self._objects)
         hasher.update(tail)
         return hasher.hexdigest()
 
     def _reusable_prefix(self, history: list[ModelMessage]) -> int:
-        """How many leading messages are covered by the running hash; resets it when the history diverged."""
+        """How many leading messages the running hash still covers; resets or rewinds it where they changed."""
         count = len(self._objects)
-        if count and (len(history) < count or history[:count] != self._objects):
+        if not count:
+            return 0
+        if len(history) < count or history[:count] != self._objects:
             self._reset()
             return 0
-        return count
+        if self._last is not None:
+            snapshot = _snapshot(history[count - 1])
+            if snapshot is not None and snapshot.matches(self._last):
+                return count
+        if self._before_last is None:
+            self._reset()
+            return 0
+        self._hasher, self._before_last, self._last = self._before_last, None, None
+        self._objects.pop()
+        return count - 1
+
+    def _commit(self, new: list[ModelMessage], snapshots: list[_Snapshot | None], texts: list[bytes]) -> None:
+        """Add the new messages to the running hash, keeping the state before the last one for a rewind."""
+        for index, (message, text) in enumerate(zip(new, texts, strict=True)):
+            if index == len(texts) - 1:
+                self._before_last = self._hasher.copy()
+                self._last = snapshots[index]
+            if self._objects:
+                self._hasher.update(b',')
+            self._hasher.update(text)
+            self._objects.append(message)

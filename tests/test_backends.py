@@ -672,10 +672,6 @@ async def test_j3_disk_value_of_a_foreign_type_reads_as_absent(tmp_path: Path, r
     await journal.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='BUG disk.py list_executions: len() of a stored value that is not str/bytes raises TypeError',
-)
 async def test_b6_disk_listing_survives_a_foreign_typed_value(tmp_path: Path) -> None:
     path = tmp_path / 'j'
     journal = DiskJournal(path)
@@ -689,11 +685,6 @@ async def test_b6_disk_listing_survives_a_foreign_typed_value(tmp_path: Path) ->
         await journal.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='BUG disk.py: a head record that does not decode hides the execution, so delete_execution and prune '
-    'orphan its entries forever (cleanup cannot probe past the head, C-1)',
-)
 async def test_c1_disk_unreadable_head_does_not_orphan_entries(tmp_path: Path) -> None:
     path = tmp_path / 'j'
     journal = DiskJournal(path)

@@ -634,7 +634,10 @@ async def test_r5_nesting_follows_each_tasks_own_step_and_ignores_foreign_steps(
     with foreign_step.executing():
         assert (await attempt.start_run(j)).key == '1'  # another execution's step is not our parent
         assert (await foreign.start_run(j)).key == '0.0.1'  # but it is the parent of its own runs
-    assert (await attempt.start_run(j)).key == '2'
+    other_journal = MemoryJournal()
+    with parents[0].executing():
+        assert (await attempt.start_run(other_journal)).key == '2'  # nor is a step on another journal
+    assert (await attempt.start_run(j)).key == '3'
     await foreign.finish(None)
     await attempt.finish(None)
 
@@ -1475,14 +1478,9 @@ async def test_b7_refused_execution_record_is_unavailable_and_frees_the_lease(ba
     await again.finish(None)
 
 
-# -- package bugs (strict xfails, see the report) ------------------------------------------------
+# -- regressions: bugs found while writing this suite (fixed in the package since) -------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG _journal.py Attempt.open: `record.get('runs', [])` is iterated without a type check, so an "
-    'execution record whose runs is not a list raises TypeError (B-3: wrong shape must degrade, never raise)',
-)
 @pytest.mark.parametrize('runs', [5, None])
 async def test_b3_execution_record_of_the_wrong_shape_does_not_break_open(backend_journal: Journal, runs: Any) -> None:
     j = backend_journal
@@ -1496,11 +1494,6 @@ async def test_b3_execution_record_of_the_wrong_shape_does_not_break_open(backen
         await attempt.finish(None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='BUG _journal.py Attempt.open: an exception after _take_lease (write_execution raising, or the runs '
-    'TypeError) leaves the lease held for lease_ttl, so the retry gets ExecutionBusy',
-)
 async def test_b5_lease_is_released_when_opening_fails_after_taking_it(backend_journal: Journal) -> None:
     j = backend_journal
 
@@ -1518,11 +1511,6 @@ async def test_b5_lease_is_released_when_opening_fails_after_taking_it(backend_j
     await retry.finish(None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='BUG _journal.py Attempt.open/_take_lease: backend errors while taking the lease or writing the '
-    'execution record escape raw instead of as JournalUnavailable (B-7)',
-)
 @pytest.mark.parametrize('method', ['acquire_lease', 'write_execution'])
 async def test_b7_backend_error_at_execution_start_is_journal_unavailable(backend_journal: Journal, method: str) -> None:
     j = backend_journal
@@ -1540,11 +1528,6 @@ async def test_b7_backend_error_at_execution_start_is_journal_unavailable(backen
         await attempt.finish(None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='BUG _journal.py Attempt.open: check-then-act across awaits; two runs starting concurrently on a journal '
-    'whose open() yields both open it, counting the attempt twice and leaking a lease renewer',
-)
 async def test_r2_concurrent_first_runs_open_the_journal_once(backend_journal: Journal) -> None:
     j = backend_journal
 
