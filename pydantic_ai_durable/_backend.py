@@ -119,12 +119,16 @@ class DurableBackend(JournalCallableOperationBackend[None]):
             return step.payload
         step.reject()  # a no-op unless a replayed payload no longer loads (X-1, X-3)
         ledger.record_live_model_request(had_request_credit=had_credit)  # may stop the request (U-13)
-        await active.count_live_request()
-        payload = await run_live(step, body)
-        response = _response_of(payload, decode)
-        if response is not None:
-            ledger.track_chain(response, params)
-            await active.count_live_response(response)
+        await active.spend.request_sent()
+        responses: list[ModelResponse | None] = []
+
+        def spent(payload: object) -> dict[str, Any]:
+            responses.append(_response_of(payload, decode))
+            return active.spend.response_received(responses[0])
+
+        payload = await run_live(step, body, spend=spent)
+        if responses and responses[0] is not None:
+            ledger.track_chain(responses[0], params)
         return payload
 
     async def _tool_step(
@@ -145,10 +149,12 @@ class DurableBackend(JournalCallableOperationBackend[None]):
                 active.ledger.record_tool_replay(step.position)
             return step.payload
         active.ledger.record_live_tool_call(step.position)  # re-checks a credited limit before the side effect
-        payload = await run_live(step, body, to_record=active.mask)
-        if is_successful_tool_payload(payload):
-            await active.count_live_tool_call()
-        return payload
+        return await run_live(
+            step,
+            body,
+            to_record=active.mask,
+            spend=lambda payload: active.spend.tool_call_finished(is_successful_tool_payload(payload)),
+        )
 
 
 def _response_of(payload: object, decode: Decoder | None) -> ModelResponse | None:
@@ -177,12 +183,17 @@ def replay(step: Step, decode: Decoder | None) -> bool:
 
 
 async def run_live(
-    step: Step, body: Callable[[], Awaitable[object]], *, to_record: Callable[[Any], Any] | None = None
+    step: Step,
+    body: Callable[[], Awaitable[object]],
+    *,
+    to_record: Callable[[Any], Any] | None = None,
+    spend: Callable[[object], dict[str, Any] | None] | None = None,
 ) -> object:
     """Run a step's body and record what it returned.
 
     The body runs under `step.executing()` so agent runs it starts nest under it (R-4); a body that
-    raises records nothing and leaves a note for the run's failure fence (W-5).
+    raises records nothing and leaves a note for the run's failure fence (W-5). `spend` counts what the
+    step cost and gives the snapshot stored with its entry (U2-1).
     """
     try:
         step.reached('before_body')
@@ -192,6 +203,6 @@ async def run_live(
     except BaseException as exc:
         step.failed(exc)
         raise
-    await step.record(payload, to_record=to_record)
+    await step.record(payload, to_record=to_record, spend=spend(payload) if spend is not None else None)
     step.reached('after_record')
     return payload

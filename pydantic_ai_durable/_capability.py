@@ -13,7 +13,7 @@ from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.capabilities import AbstractCapability, WrapRunHandler
 from pydantic_ai.durable_exec import JSON_CODEC, BaseDurabilityCapability, DurabilityEngineSpec
 from pydantic_ai.exceptions import UnexpectedModelBehavior
-from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.settings import ModelSettings
@@ -64,14 +64,6 @@ class _ActiveRun:
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)
 
-    async def count_live_request(self) -> None:
-        await self.spend.request_sent()
-
-    async def count_live_response(self, response: ModelResponse) -> None:
-        await self.spend.response_received(response)
-
-    async def count_live_tool_call(self) -> None:
-        await self.spend.tool_call_succeeded()
 
 
 _ACTIVE_RUNS: ContextVar[Mapping[int, _ActiveRun] | None] = ContextVar('pydantic_ai_durable.active_runs', default=None)

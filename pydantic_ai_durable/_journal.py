@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -128,9 +128,11 @@ class Step:
         finally:
             _EXECUTING.reset(token)
 
-    async def record(self, payload: Any, *, to_record: Callable[[Any], Any] | None = None) -> bool:
+    async def record(
+        self, payload: Any, *, to_record: Callable[[Any], Any] | None = None, spend: dict[str, Any] | None = None
+    ) -> bool:
         """Save the live result; see `Run.record`."""
-        return await self.run.record(self, payload, to_record=to_record)
+        return await self.run.record(self, payload, to_record=to_record, spend=spend)
 
     def reached(self, point: StepPoint) -> None:
         """Tell the observer (if any) that a live step reached one of its boundaries."""
@@ -157,6 +159,16 @@ def _parse_entry(value: Any) -> dict[str, Any] | None:
     if fingerprint is not None and not isinstance(fingerprint, str):
         return None
     return value
+
+
+def _latest_spend(candidates: Iterable[Any]) -> dict[str, Any] | None:
+    """The spend snapshot with the highest `seq`: snapshots only grow, so that is the newest."""
+    best: dict[str, Any] | None = None
+    for candidate in candidates:
+        newer = isinstance(candidate, dict) and type(candidate.get('seq')) is int
+        if newer and (best is None or candidate['seq'] > best['seq']):
+            best = candidate
+    return best
 
 
 @dataclass
@@ -209,6 +221,10 @@ class Run:
                 sorted(unreadable),
             )
         self._meta = _Meta.parse(snapshot.records.get('meta'))
+        self.spend_snapshot = _latest_spend(
+            [snapshot.records.get('usage'), *(entry.get('usage') for entry in self._entries.values())]
+        )
+        """The newest spend snapshot any attempt wrote for this run, from its usage record or an entry (U2-1)."""
         self.next_position = 0
         self.diverged = False
         self._previous_replayed = True  # M-5: the first claim counts as preceded by a replay
@@ -310,12 +326,25 @@ class Run:
 
     # -- recording -------------------------------------------------------------------------------
 
-    async def record(self, step: Step, payload: Any, *, to_record: Callable[[Any], Any] | None = None) -> bool:
-        """Save a live step's payload (W-1..W-4); `False`, never an exception, when it was not stored."""
+    async def record(
+        self,
+        step: Step,
+        payload: Any,
+        *,
+        to_record: Callable[[Any], Any] | None = None,
+        spend: dict[str, Any] | None = None,
+    ) -> bool:
+        """Save a live step's payload (W-1..W-4); `False`, never an exception, when it was not stored.
+
+        `spend` is a snapshot of the run's live spend (with an int `seq`) that rides along with the
+        entry, so counting a step's usage costs no write of its own.
+        """
         if not step.replayable:
             return False
         self._tried_max = max(self._tried_max, step.position)
         entry = {'v': ENTRY_VERSION, 'name': step.name, 'kind': step.kind, 'fingerprint': step.fingerprint}
+        if spend is not None:
+            entry['usage'] = spend
         try:
             entry['payload'] = to_record(payload) if to_record is not None else payload
             saved = await self.journal.write_entry(self.attempt.key, self.key, step.position, entry)

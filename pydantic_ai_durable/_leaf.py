@@ -76,9 +76,13 @@ class JournaledToolset(WrapperToolset[AgentDepsT]):
                 active.ledger.record_tool_replay(step.position)
             return decode_payload(step.payload)  # values are returned, control-flow signals raised (T-5)
         active.ledger.record_live_tool_call(step.position)
-        await run_live(step, body, to_record=active.mask)
+        await run_live(
+            step,
+            body,
+            to_record=active.mask,
+            spend=lambda payload: active.spend.tool_call_finished(is_successful_tool_payload(payload)),
+        )
         outcome = live[0]
         if isinstance(outcome, CONTROL_FLOW_EXCEPTIONS):
             raise outcome
-        await active.count_live_tool_call()
         return outcome

@@ -25,7 +25,7 @@ _RECORD = 'usage'
 
 
 def load_usage(value: Any) -> RunUsage:
-    """The usage stored in a run record; an unreadable record counts as nothing spent."""
+    """The usage of a spend snapshot; an unreadable one counts as nothing spent."""
     if not isinstance(value, dict):
         return RunUsage()
     try:
@@ -35,33 +35,45 @@ def load_usage(value: Any) -> RunUsage:
 
 
 class RunSpend:
-    """The live usage of one run: what earlier attempts spent, plus what this attempt spends."""
+    """The live usage of one run: what earlier attempts spent, plus what this attempt spends.
+
+    Each change makes a snapshot of the total with a growing `seq`. A request's snapshot is written
+    on its own before the request is sent; the others ride along with the step's entry, so the newest
+    snapshot, wherever it was stored, is the run's total spend.
+    """
 
     def __init__(self, run: Run) -> None:
         self._run = run
-        self.earlier = load_usage(run.records.get(_RECORD))
+        snapshot = run.spend_snapshot
+        self.earlier = load_usage(snapshot)
+        self._seq: int = snapshot['seq'] if snapshot is not None else 0
         self.attempt = RunUsage()
 
     @property
     def total(self) -> RunUsage:
         return self.earlier + self.attempt
 
-    async def _save(self) -> None:
-        await self._run.write_record(_RECORD, {'usage': _USAGE.dump_python(self.total, mode='json')})
+    def snapshot(self) -> dict[str, Any]:
+        self._seq += 1
+        return {'seq': self._seq, 'usage': _USAGE.dump_python(self.total, mode='json')}
 
     async def request_sent(self) -> None:
-        """Count a live request before it goes out (write-ahead)."""
+        """Count a live request and persist it before the request goes out (write-ahead)."""
         self.attempt.requests += 1
-        await self._save()
+        await self._run.write_record(_RECORD, self.snapshot())
 
-    async def response_received(self, response: ModelResponse) -> None:
-        """Add a live response's tokens and price once it is recorded."""
-        priced = copy.copy(response)
-        priced.usage = copy.copy(response.usage)
-        fill_replayed_cost(priced)  # priced the way the graph prices it
-        self.attempt.incr(priced.usage)
-        await self._save()
+    def response_received(self, response: ModelResponse | None) -> dict[str, Any]:
+        """Add a live response's tokens and price; returns the snapshot to store with its entry."""
+        if response is not None:
+            priced = copy.copy(response)
+            priced.usage = copy.copy(response.usage)
+            fill_replayed_cost(priced)  # priced the way the graph prices it
+            self.attempt.incr(priced.usage)
+        return self.snapshot()
 
-    async def tool_call_succeeded(self) -> None:
+    def tool_call_finished(self, successful: bool) -> dict[str, Any] | None:
+        """Count a successful tool call; returns the snapshot to store with its entry, if anything changed."""
+        if not successful:
+            return None
         self.attempt.tool_calls += 1
-        await self._save()
+        return self.snapshot()

@@ -1,0 +1,166 @@
+"""What durability costs: a FunctionModel agent doing N tool-call round trips, bare and durable.
+
+Runs the bare agent and the same agent with `Durable` on `MemoryJournal`, on `DiskJournal` (record,
+then replay), on Postgres when `PYDANTIC_AI_DURABLE_PG_DSN` is set, and the reference design when it
+is importable, interleaved in one process; prints the median wall time of each as a ratio to the bare
+agent, the time added per step, and the memory allocated per step (tracemalloc).
+
+    python benchmarks/agent_overhead.py            # N = 50, 200, 1000
+    python benchmarks/agent_overhead.py --quick    # N = 50, 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai import Agent, FunctionToolset
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import RequestUsage, UsageLimits
+
+from pydantic_ai_durable import DiskJournal, Durable, Journal, MemoryJournal, execution
+
+
+def _text(seed: int) -> str:
+    rng = random.Random(seed)
+    return ''.join(rng.choices('abcdefghij klmnop', k=rng.randint(200, 2000)))
+
+
+TEXTS = [_text(seed) for seed in range(64)]
+"""Tool results of 200-2,000 characters."""
+
+
+def build_agent(steps: int, capabilities: list[Any]) -> Agent[None, str]:
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        # The answer depends only on the last message, and usage is reported like a real provider does
+        # (a FunctionModel without usage would estimate tokens over the whole history at every step).
+        last = messages[-1].parts[-1]
+        done = int(last.tool_call_id.split('-')[1]) + 1 if isinstance(last, ToolReturnPart) else 0
+        usage = RequestUsage(input_tokens=1000 + 500 * done, output_tokens=20)
+        if done < steps:
+            call = ToolCallPart('fetch', {'page': done}, tool_call_id=f'call-{done}')
+            return ModelResponse(parts=[call], usage=usage)
+        return ModelResponse(parts=[TextPart(f'read {done} pages')], usage=usage)
+
+    def fetch(page: int) -> str:
+        return TEXTS[page % len(TEXTS)]
+
+    return Agent(
+        FunctionModel(model, model_name='bench'),
+        name='bench',
+        toolsets=[FunctionToolset([fetch], id='pages')],
+        capabilities=capabilities,
+    )
+
+
+LIMITS = UsageLimits(request_limit=None)
+
+
+async def run_bare(steps: int) -> float:
+    agent = build_agent(steps, [])
+    start = time.perf_counter()
+    await agent.run('go', usage_limits=LIMITS)
+    return time.perf_counter() - start
+
+
+async def run_durable(steps: int, journal: Journal, key: str, *, cleanup: Any = 'never') -> float:
+    agent = build_agent(steps, [Durable(journal)])
+    start = time.perf_counter()
+    async with execution(key, cleanup=cleanup):
+        await agent.run('go', usage_limits=LIMITS)
+    return time.perf_counter() - start
+
+
+def reference_available() -> bool:
+    try:
+        import airflow.providers.common.ai.durable  # type: ignore[import-not-found]  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+async def median(samples: int, run: Callable[[int], Awaitable[float]]) -> float:
+    return statistics.median([await run(i) for i in range(samples)])
+
+
+async def memory_per_step(steps: int, run: Callable[[], Awaitable[float]]) -> float:
+    gc.collect()
+    tracemalloc.start()
+    await run()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak / steps
+
+
+async def measure(steps: int, samples: int, root: Path) -> list[tuple[str, float | None, str]]:
+    rows: dict[str, list[float]] = {'bare': [], 'memory (record)': [], 'disk (record)': [], 'disk (replay)': []}
+    pg_dsn = os.environ.get('PYDANTIC_AI_DURABLE_PG_DSN')
+    for sample in range(samples):  # interleaved, so drift hits every configuration alike
+        rows['bare'].append(await run_bare(steps))
+        rows['memory (record)'].append(await run_durable(steps, MemoryJournal(), f'm{steps}-{sample}'))
+        directory = root / f'disk-{steps}-{sample}'
+        rows['disk (record)'].append(await run_durable(steps, DiskJournal(directory), 'bench'))
+        rows['disk (replay)'].append(await run_durable(steps, DiskJournal(directory), 'bench'))
+        shutil.rmtree(directory, ignore_errors=True)
+        if pg_dsn:
+            from pydantic_ai_durable.journals.postgres import PostgresJournal  # type: ignore[import-not-found]
+
+            journal = PostgresJournal(pg_dsn)
+            key = f'bench-{steps}-{sample}-{os.getpid()}'
+            rows.setdefault('postgres (record)', []).append(await run_durable(steps, journal, key))
+            rows.setdefault('postgres (replay)', []).append(await run_durable(steps, journal, key, cleanup='execution'))
+    bare = statistics.median(rows['bare'])
+    result = []
+    for name, times in rows.items():
+        value = statistics.median(times)
+        result.append((name, value, f'{value / bare:5.2f}x  {1000 * (value - bare) / steps:+7.3f} ms/step'))
+    if not pg_dsn:
+        result.append(('postgres', None, 'not run: set PYDANTIC_AI_DURABLE_PG_DSN'))
+    if not reference_available():
+        result.append(('reference design', None, 'not run: apache-airflow-providers-common-ai is not importable'))
+    return result
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--quick', action='store_true', help='only N = 50 and 200')
+    parser.add_argument('--samples', type=int, default=5)
+    args = parser.parse_args()
+    sizes = [50, 200] if args.quick else [50, 200, 1000]
+    root = Path(tempfile.mkdtemp(prefix='durable-bench-'))
+    try:
+        await run_bare(5)
+        await run_durable(5, MemoryJournal(), 'warm-up')
+        print(f'{"N":>5}  {"configuration":<20} {"median s":>9}  ratio to bare, added time')
+        for steps in sizes:
+            samples = args.samples if steps < 1000 else max(3, args.samples // 2)
+            for name, value, text in await measure(steps, samples, root):
+                shown = f'{value:9.3f}' if value is not None else ' ' * 9
+                print(f'{steps:>5}  {name:<20} {shown}  {text}')
+        steps = 200
+        bare_mem = await memory_per_step(steps, lambda: run_bare(steps))
+        directory = root / 'mem'
+        disk_mem = await memory_per_step(steps, lambda: run_durable(steps, DiskJournal(directory), 'mem'))
+        replay_mem = await memory_per_step(steps, lambda: run_durable(steps, DiskJournal(directory), 'mem'))
+        print(
+            f'\npeak memory per step at N={steps} (tracemalloc): bare {bare_mem / 1024:.1f} KiB, '
+            f'disk record {disk_mem / 1024:.1f} KiB, disk replay {replay_mem / 1024:.1f} KiB'
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == '__main__':
+    asyncio.run(main())
