@@ -13,7 +13,7 @@ from ._errors import DurableError, ExecutionBusy, JournalError, JournalUnavailab
 from ._execution import Execution, ExecutionUsage, execution
 from ._journal import Stats
 from ._masking import SecretRegistry, register_secret
-from .journals import DiskJournal, ExecutionInfo, Journal, MemoryJournal
+from .journals import DiskJournal, ExecutionInfo, Journal, MemoryJournal, PostgresJournal
 
 __all__ = (
     'DiskJournal',
@@ -27,6 +27,7 @@ __all__ = (
     'JournalError',
     'JournalUnavailable',
     'MemoryJournal',
+    'PostgresJournal',
     'SecretRegistry',
     'Stats',
     'execution',

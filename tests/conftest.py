@@ -13,8 +13,10 @@ from typing import Any
 
 import diskcache
 import pytest
+from pg import fresh_schema, postgres_dsn  # noqa: F401
+from pg import put_raw as pg_put_raw
 
-from pydantic_ai_durable.journals import DiskJournal, Journal, MemoryJournal
+from pydantic_ai_durable.journals import DiskJournal, Journal, MemoryJournal, PostgresJournal
 from pydantic_ai_durable.journals._common import execution_id
 
 Where = tuple[Any, ...]
@@ -66,7 +68,18 @@ def _disk_case(tmp_path: Path) -> BackendCase:
     return BackendCase('disk', DiskJournal(path), lambda: DiskJournal(path), put_raw, shares_across_processes=True)
 
 
-BACKEND_FACTORIES: list[Callable[[Path], BackendCase]] = [_memory_case, _disk_case]
+def _postgres_case(tmp_path: Path) -> BackendCase:
+    dsn, schema = fresh_schema()  # starts the session's server lazily; skips (fails when CI=true) without one
+    return BackendCase(
+        'postgres',
+        PostgresJournal(dsn, schema=schema),
+        lambda: PostgresJournal(dsn, schema=schema),
+        lambda where, raw: pg_put_raw(dsn, schema, where, raw),
+        shares_across_processes=True,
+    )
+
+
+BACKEND_FACTORIES: list[Callable[[Path], BackendCase]] = [_memory_case, _disk_case, _postgres_case]
 """Factories of the backends every contract and core test runs against."""
 
 

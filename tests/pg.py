@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-__all__ = ['drop_schema', 'fresh_schema', 'postgres_dsn', 'put_raw', 'server_dsn']
+__all__ = ['drop_schema', 'fresh_schema', 'in_ci', 'postgres_dsn', 'put_raw', 'server_dsn']
 
 DSN_VARIABLE = 'PYDANTIC_AI_DURABLE_PG_DSN'
 HOW_TO_ENABLE = (
@@ -39,13 +39,14 @@ HOW_TO_ENABLE = (
 )
 
 
-def _in_ci() -> bool:
+def in_ci() -> bool:
+    """Whether this is a CI run (`CI=true`), where PostgreSQL tests must run, never skip."""
     return os.environ.get('CI', '').strip().lower() in ('true', '1', 'yes')
 
 
 def _unavailable(reason: str) -> NoReturn:
     message = f'{reason} {HOW_TO_ENABLE}'
-    if _in_ci():
+    if in_ci():
         pytest.fail(f'{message} (CI=true: not skipping)', pytrace=False)
     pytest.skip(message)
 
@@ -61,7 +62,8 @@ def _find_binaries() -> Path | None:
         name = Path(path).parent.parent.name
         return tuple(int(part) for part in name.split('.') if part.isdigit())
 
-    candidates += [Path(p).parent for p in sorted(glob.glob('/usr/lib/postgresql/*/bin/initdb'), key=version, reverse=True)]
+    installed = sorted(glob.glob('/usr/lib/postgresql/*/bin/initdb'), key=version, reverse=True)
+    candidates += [Path(path).parent for path in installed]
     for directory in candidates:
         if (directory / 'initdb').is_file() and (directory / 'pg_ctl').is_file():
             return directory

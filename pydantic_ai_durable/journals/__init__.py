@@ -3,5 +3,6 @@
 from ._protocol import ExecutionInfo, Journal, Lease, RunSnapshot
 from .disk import DiskJournal
 from .memory import MemoryJournal
+from .postgres import PostgresJournal
 
-__all__ = ('DiskJournal', 'ExecutionInfo', 'Journal', 'Lease', 'MemoryJournal', 'RunSnapshot')
+__all__ = ('DiskJournal', 'ExecutionInfo', 'Journal', 'Lease', 'MemoryJournal', 'PostgresJournal', 'RunSnapshot')

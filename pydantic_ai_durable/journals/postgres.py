@@ -228,6 +228,7 @@ class PostgresJournal:
         digest = hashlib.sha256(f'pydantic_ai_durable:{schema}'.encode()).digest()
         self._lock_id = int.from_bytes(digest[:8], 'big', signed=True)
         self._slots: dict[int, _Slot] = {}
+        self._gates: dict[int, tuple[Callable[[], asyncio.AbstractEventLoop | None], asyncio.Lock]] = {}
         self._slots_lock = threading.Lock()
         self._ready = False
 
@@ -276,33 +277,45 @@ class PostgresJournal:
                 await conn.execute(self._sql.ddl)
                 await conn.execute(self._sql.set_version, {'version': SCHEMA_VERSION})
 
-    async def _conn(self) -> AsyncConnection[Any]:
-        """The open connection of the running event loop, opening it if needed."""
-        loop = asyncio.get_running_loop()
-        stale: list[AsyncConnection[Any]] = []
+    def _lookup(self, loop: asyncio.AbstractEventLoop) -> tuple[AsyncConnection[Any] | None, list[_Slot]]:
+        """This loop's open connection, and the slots of loops that are gone (removed from the table)."""
+        stale: list[_Slot] = []
         found: AsyncConnection[Any] | None = None
         with self._slots_lock:
             for ident, slot in list(self._slots.items()):
                 owner = slot.loop()
                 if owner is None or owner.is_closed() or slot.conn.closed:
-                    stale.append(slot.conn)
+                    stale.append(slot)
                     del self._slots[ident]
                 elif owner is loop:
                     found = slot.conn
-        for conn in stale:
-            await _close_quietly(conn)
+        return found, stale
+
+    async def _conn(self) -> AsyncConnection[Any]:
+        """The open connection of the running event loop, opening it if needed (once, however many tasks ask)."""
+        loop = asyncio.get_running_loop()
+        found, stale = self._lookup(loop)
+        for slot in stale:
+            await _close_quietly(slot.conn)
         if found is not None:
             return found
-        conn = await self._connect()
         with self._slots_lock:
-            current = self._slots.get(id(loop))
-            if current is not None and current.loop() is loop and not current.conn.closed:
-                other = current.conn  # another task of this loop connected meanwhile
-            else:
+            gate = self._gates.get(id(loop))
+            if gate is None or gate[0]() is not loop:
+                gate = (_loop_ref(loop), asyncio.Lock())
+                self._gates[id(loop)] = gate
+            for ident, (ref, _) in list(self._gates.items()):
+                owner = ref()
+                if owner is None or owner.is_closed():
+                    del self._gates[ident]
+        async with gate[1]:
+            found, _ = self._lookup(loop)
+            if found is not None:  # another task of this loop connected while this one waited
+                return found
+            conn = await self._connect()
+            with self._slots_lock:
                 self._slots[id(loop)] = _Slot(_loop_ref(loop), conn)
-                return conn
-        await _close_quietly(conn)
-        return other
+            return conn
 
     async def _drop(self, conn: AsyncConnection[Any]) -> None:
         with self._slots_lock:
@@ -352,6 +365,15 @@ class PostgresJournal:
         async with conn.transaction(force_rollback=True):
             await conn.execute(self._sql.probe, {'eid': f'probe:{uuid.uuid4().hex}'})
 
+    def __del__(self) -> None:
+        # A journal dropped without `close()`: nothing can be in flight on its connections any more,
+        # so end them synchronously rather than leave them to psycopg's "deleted while open" warning.
+        for slot in list(getattr(self, '_slots', {}).values()):
+            try:
+                slot.conn.pgconn.finish()
+            except Exception:  # never raise from a finaliser, even at interpreter exit
+                continue
+
     async def close(self) -> None:
         with self._slots_lock:
             slots = list(self._slots.values())
@@ -387,9 +409,14 @@ class PostgresJournal:
         text = _json.dumps(entry)
         if text is None:
             return False
-        eid = execution_id(key)
-        params = {'eid': eid, 'key': _key_bytes(key), 'now': time.time(), 'run': run, 'position': position}
-        params['value'] = text
+        params = {
+            'eid': execution_id(key),
+            'key': _key_bytes(key),
+            'now': time.time(),
+            'run': run,
+            'position': position,
+            'value': text,
+        }
         return await self._write(self._sql.write_entry, params)
 
     async def write_record(self, key: str, run: str, name: str, value: dict[str, Any]) -> bool:

@@ -1,0 +1,991 @@
+"""`PostgresJournal` against a real PostgreSQL server that the test session starts itself (SPEC B-1..B-8).
+
+The backend contract (the same behaviours `test_backends.py` checks for memory and disk), plus what
+only a network store has: schema creation and versioning, connections per event loop and thread,
+reconnecting, a refused server, privileges, and atomic leases across connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pg import drop_schema, fresh_schema, in_ci, postgres_dsn, put_raw  # noqa: F401  (postgres_dsn is a fixture)
+
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+except ImportError:  # pragma: no cover - the postgres extra is part of the test extra
+    if in_ci():
+        raise
+    pytest.skip("psycopg is not installed: pip install 'pydantic-ai-durable[postgres]'", allow_module_level=True)
+
+from pydantic_ai_durable import JournalUnavailable
+from pydantic_ai_durable.journals import ExecutionInfo, Journal, Lease, RunSnapshot
+from pydantic_ai_durable.journals._common import execution_id
+from pydantic_ai_durable.journals.postgres import SCHEMA_VERSION, PostgresJournal
+
+KEY = 'order-42'
+
+
+def entry(payload: Any, name: str = 'agent__model.request', kind: str = 'model') -> dict[str, Any]:
+    return {'v': 1, 'name': name, 'kind': kind, 'fingerprint': 'fp', 'payload': payload}
+
+
+@dataclass
+class Pg:
+    dsn: str
+    schema: str
+    journal: PostgresJournal
+
+    def reopen(self) -> PostgresJournal:
+        return PostgresJournal(self.dsn, schema=self.schema)
+
+    def put_raw(self, where: tuple[Any, ...], raw: str) -> None:
+        put_raw(self.dsn, self.schema, where, raw)
+
+    def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            cursor = conn.execute(sql.SQL(query).format(s=sql.Identifier(self.schema)), params)
+            return cursor.fetchall() if cursor.description else []
+
+
+@pytest.fixture
+async def pg(postgres_dsn: str) -> AsyncIterator[Pg]:  # noqa: F811
+    dsn, schema = fresh_schema()
+    journal = PostgresJournal(dsn, schema=schema)
+    await journal.open()
+    yield Pg(dsn, schema, journal)
+    await journal.close()
+    drop_schema(dsn, schema)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Shift `time.time()` forward by `clock[0]` seconds, to age executions without sleeping."""
+    real_time = time.time
+    offset = [0.0]
+    monkeypatch.setattr(time, 'time', lambda: real_time() + offset[0])
+    return offset
+
+
+async def only_info(journal: Journal, key: str = KEY) -> ExecutionInfo:
+    infos = [info for info in await journal.list_executions() if info.key == key]
+    assert len(infos) == 1, infos
+    return infos[0]
+
+
+# -- B-1: the protocol, reads and writes ---------------------------------------------------------
+
+
+async def test_b1_satisfies_the_protocol_and_starts_empty(pg: Pg) -> None:
+    j = pg.journal
+    assert isinstance(j, Journal)
+    assert await j.read_run(KEY, '0') == RunSnapshot()
+    assert await j.read_execution(KEY) is None
+    assert await j.list_executions() == []
+    assert pg.sql('SELECT version FROM {s}.schema_version') == [(SCHEMA_VERSION,)]
+
+
+async def test_b1_read_run_returns_entries_and_records_in_one_call(pg: Pg) -> None:
+    j = pg.journal
+    for position in (0, 1, 2):
+        assert await j.write_entry(KEY, '0', position, entry({'n': position}, name=f's{position}')) is True
+    assert await j.write_record(KEY, '0', 'meta', {'v': 1, 'diverge_from': None, 'high_water': 3}) is True
+    assert await j.write_record(KEY, '0', 'usage', {'v': 1, 'requests': 2}) is True
+    assert await j.write_entry(KEY, '1', 0, entry('other run')) is True
+    assert await j.write_entry(KEY, '0.1.1', 5, entry('nested run')) is True
+
+    snapshot = await j.read_run(KEY, '0')
+
+    assert snapshot.entries == {p: entry({'n': p}, name=f's{p}') for p in (0, 1, 2)}
+    assert snapshot.records == {
+        'meta': {'v': 1, 'diverge_from': None, 'high_water': 3},
+        'usage': {'v': 1, 'requests': 2},
+    }
+    assert await j.read_run(KEY, '1') == RunSnapshot(entries={0: entry('other run')})
+    assert await j.read_run(KEY, '0.1.1') == RunSnapshot(entries={5: entry('nested run')})
+    assert await j.read_run(KEY, '2') == RunSnapshot()
+    assert await j.read_run('another key', '0') == RunSnapshot()
+
+
+async def test_perf3_read_run_and_writes_are_one_statement_each(pg: Pg, monkeypatch: pytest.MonkeyPatch) -> None:
+    j = pg.journal
+    for position in range(50):
+        await j.write_entry(KEY, '0', position, entry(position))
+    await j.write_record(KEY, '0', 'meta', {'v': 1})
+    statements: list[str] = []
+    real_execute = psycopg.AsyncConnection.execute
+
+    async def counting_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        statements.append(str(query))
+        return await real_execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, 'execute', counting_execute)
+
+    snapshot = await j.read_run(KEY, '0')
+    assert len(snapshot.entries) == 50 and snapshot.records == {'meta': {'v': 1}}
+    assert len(statements) == 1
+    assert await j.write_entry(KEY, '0', 50, entry(50)) is True
+    assert await j.write_record(KEY, '0', 'usage', {'v': 1}) is True
+    assert len(statements) == 3
+
+
+async def test_b1_write_entry_and_record_replace_what_was_there(pg: Pg) -> None:
+    j = pg.journal
+    await j.write_entry(KEY, '0', 0, entry('old', name='old_step'))
+    await j.write_entry(KEY, '0', 1, entry('kept'))
+    assert await j.write_entry(KEY, '0', 0, entry('new', name='new_step')) is True
+    assert await j.write_record(KEY, '0', 'meta', {'v': 1, 'high_water': 1}) is True
+    assert await j.write_record(KEY, '0', 'meta', {'v': 1, 'high_water': 7}) is True
+
+    snapshot = await j.read_run(KEY, '0')
+
+    assert snapshot.entries == {0: entry('new', name='new_step'), 1: entry('kept')}
+    assert snapshot.records == {'meta': {'v': 1, 'high_water': 7}}
+
+
+async def test_b1_execution_record_is_read_and_replaced(pg: Pg) -> None:
+    j = pg.journal
+    assert await j.read_execution(KEY) is None
+    assert await j.write_execution(KEY, {'v': 1, 'runs': ['0'], 'status': 'running'}) is True
+    assert await j.read_execution(KEY) == {'v': 1, 'runs': ['0'], 'status': 'running'}
+    assert await j.write_execution(KEY, {'v': 1, 'runs': ['0', '1'], 'status': 'finished'}) is True
+    assert await j.read_execution(KEY) == {'v': 1, 'runs': ['0', '1'], 'status': 'finished'}
+    assert await j.read_run(KEY, '0') == RunSnapshot()
+    assert await j.read_execution('another key') is None
+
+
+# -- J-5: JSON round trip, fresh copies ----------------------------------------------------------
+
+
+async def test_j5_values_come_back_as_their_json_round_trip(pg: Pg) -> None:
+    j = pg.journal
+    payload = {'rows': (1, (2, 'x')), 'by_id': {1: 'one'}, 'big': 2**70, 'f': 0.1, 'none': None, 'nan': math.nan}
+    await j.write_entry(KEY, '0', 0, entry(payload))
+    await j.write_record(KEY, '0', 'usage', {'v': 1, 'pair': (1, 2), 'inf': math.inf})
+    await j.write_execution(KEY, {'v': 1, 'runs': ('0',), 'n': {1: 1}})
+
+    snapshot = await pg.reopen().read_run(KEY, '0')
+
+    stored = snapshot.entries[0]['payload']
+    assert math.isnan(stored.pop('nan'))
+    assert stored == {'rows': [1, [2, 'x']], 'by_id': {'1': 'one'}, 'big': 2**70, 'f': 0.1, 'none': None}
+    assert snapshot.records['usage'] == {'v': 1, 'pair': [1, 2], 'inf': math.inf}
+    assert await j.read_execution(KEY) == {'v': 1, 'runs': ['0'], 'n': {'1': 1}}
+    # stored as JSON text, not jsonb: the exact text of the encoder is kept
+    [(text,)] = pg.sql('SELECT value FROM {s}.run_records')
+    assert text == '{"v":1,"pair":[1,2],"inf":Infinity}'
+
+
+async def test_j5_every_read_is_a_fresh_copy(pg: Pg) -> None:
+    j = pg.journal
+    written = entry({'items': ['a']})
+    await j.write_entry(KEY, '0', 0, written)
+    await j.write_execution(KEY, {'v': 1, 'runs': ['0']})
+    written['payload']['items'].append('mutated after write')
+
+    first = await j.read_run(KEY, '0')
+    first.entries[0]['payload']['items'].append('mutated after read')
+    record = await j.read_execution(KEY)
+    assert record is not None
+    record['runs'].append('1')
+
+    assert (await j.read_run(KEY, '0')).entries[0]['payload'] == {'items': ['a']}
+    assert await j.read_execution(KEY) == {'v': 1, 'runs': ['0']}
+
+
+async def test_j5_strings_round_trip_exactly(pg: Pg) -> None:
+    j = pg.journal
+    text = 'NUL\x00 tab\t quote" backslash\\ emoji 🙂 rtl שלום cjk 漢字 \u2028'
+    lone = 'half \ud800 pair'
+    assert await j.write_entry(KEY, '0', 0, entry({text: text})) is True
+    assert await j.write_entry(KEY, '0', 1, entry(lone)) is True
+    snapshot = await pg.reopen().read_run(KEY, '0')
+    assert snapshot.entries[0]['payload'] == {text: text}
+    assert snapshot.entries[1]['payload'] == lone
+
+
+# -- J-2: unstorable values ----------------------------------------------------------------------
+
+
+def _circular() -> dict[str, Any]:
+    value: dict[str, Any] = {'a': 1}
+    value['self'] = value
+    return value
+
+
+UNSTORABLE = {
+    'object': lambda: object(),
+    'circular_dict': _circular,
+    'set': lambda: {1, 2},
+    'bytes': lambda: b'raw',
+    'tuple_key': lambda: {(1, 2): 'x'},
+}
+
+
+@pytest.mark.parametrize('make', UNSTORABLE.values(), ids=UNSTORABLE.keys())
+async def test_j2_unstorable_values_are_refused_and_nothing_changes(pg: Pg, make: Any) -> None:
+    j = pg.journal
+    await j.write_entry(KEY, '0', 0, entry('first'))
+    await j.write_record(KEY, '0', 'meta', {'v': 1, 'high_water': 1})
+    await j.write_execution(KEY, {'v': 1, 'runs': ['0']})
+
+    assert await j.write_entry(KEY, '0', 0, entry(make())) is False
+    assert await j.write_entry(KEY, '0', 1, entry(make())) is False
+    assert await j.write_record(KEY, '0', 'meta', {'v': 1, 'bad': make()}) is False
+    assert await j.write_execution(KEY, {'v': 1, 'bad': make()}) is False
+    assert await j.write_entry('new key', '0', 0, entry(make())) is False
+
+    assert await j.read_run(KEY, '0') == RunSnapshot(
+        entries={0: entry('first')}, records={'meta': {'v': 1, 'high_water': 1}}
+    )
+    assert await j.read_execution(KEY) == {'v': 1, 'runs': ['0']}
+    assert [info.key for info in await j.list_executions()] == [KEY]
+
+
+async def test_j2_a_value_the_database_refuses_is_not_recorded(pg: Pg) -> None:
+    j = pg.journal
+    assert await j.write_entry(KEY, 'run\x00with nul', 0, entry('x')) is False  # text cannot hold NUL
+    assert await j.write_entry(KEY, '0', 2**63, entry('x')) is False  # out of bigint range
+    assert await j.write_entry(KEY, '0', 0, entry('still works')) is True
+    assert (await j.read_run(KEY, '0')).entries == {0: entry('still works')}
+
+
+# -- J-3: garbage in the store reads as absent ---------------------------------------------------
+
+GARBAGE = {
+    'not_json': 'not json {',
+    'empty': '',
+    'json_list': '[1, 2]',
+    'json_string': '"text"',
+    'json_null': 'null',
+    'truncated': '{"v": 1, "name": "s',
+}
+
+
+@pytest.mark.parametrize('raw', GARBAGE.values(), ids=GARBAGE.keys())
+async def test_j3_garbage_reads_as_absent(pg: Pg, raw: str) -> None:
+    j = pg.journal
+    await j.write_entry(KEY, '0', 0, entry('good'))
+    await j.write_entry(KEY, '0', 1, entry('to be corrupted'))
+    await j.write_record(KEY, '0', 'meta', {'v': 1, 'diverge_from': 0})
+    await j.write_record(KEY, '0', 'usage', {'v': 1, 'requests': 1})
+    await j.write_execution(KEY, {'v': 1, 'runs': ['0'], 'status': 'finished'})
+    pg.put_raw(('entry', KEY, '0', 1), raw)
+    pg.put_raw(('record', KEY, '0', 'meta'), raw)
+    pg.put_raw(('execution', KEY), raw)
+
+    snapshot = await j.read_run(KEY, '0')
+
+    assert not isinstance(snapshot.entries.get(1), dict)
+    assert snapshot.entries[0] == entry('good')
+    assert not isinstance(snapshot.records.get('meta'), dict)
+    assert snapshot.records['usage'] == {'v': 1, 'requests': 1}
+    assert await j.read_execution(KEY) is None
+    info = await only_info(j)
+    assert info.status == 'failed' and info.steps == 2
+
+
+async def test_j3_an_undecodable_key_is_left_out_of_the_listing(pg: Pg) -> None:
+    await pg.journal.write_execution(KEY, {'v': 1})
+    await pg.journal.write_execution('other', {'v': 1})
+    pg.sql("UPDATE {s}.executions SET key = '\\xff'::bytea WHERE eid = %s", execution_id('other'))
+    assert [info.key for info in await pg.journal.list_executions()] == [KEY]
+
+
+# -- deleting ------------------------------------------------------------------------------------
+
+
+async def test_j7_delete_run_removes_only_that_run(pg: Pg) -> None:
+    j = pg.journal
+    for run in ('0', '0.1.1', '1'):
+        await j.write_entry(KEY, run, 0, entry(run))
+        await j.write_entry(KEY, run, 9, entry(run))
+        await j.write_record(KEY, run, 'meta', {'v': 1, 'run': run})
+    await j.write_entry('other', '0', 0, entry('other execution'))
+    await j.write_execution(KEY, {'v': 1, 'runs': ['0', '0.1.1', '1']})
+
+    await j.delete_run(KEY, '0')
+
+    assert await j.read_run(KEY, '0') == RunSnapshot()
+    assert (await j.read_run(KEY, '0.1.1')).entries == {0: entry('0.1.1'), 9: entry('0.1.1')}
+    assert (await j.read_run(KEY, '1')).records == {'meta': {'v': 1, 'run': '1'}}
+    assert await j.read_execution(KEY) == {'v': 1, 'runs': ['0', '0.1.1', '1']}
+    assert (await j.read_run('other', '0')).entries == {0: entry('other execution')}
+    assert (await only_info(j)).steps == 4
+    await j.write_entry(KEY, '0', 3, entry('again'))
+    assert (await j.read_run(KEY, '0')).entries == {3: entry('again')}
+
+
+async def test_j4_deleting_absent_things_is_a_noop(pg: Pg) -> None:
+    j = pg.journal
+    await j.delete_run('never written', '0')
+    await j.delete_execution('never written')
+    await j.write_entry(KEY, '0', 0, entry('x'))
+    await j.delete_run(KEY, '7')
+    await j.release_lease(KEY, 'nobody')
+    assert (await j.read_run(KEY, '0')).entries == {0: entry('x')}
+
+
+async def test_j4_deletes_never_raise_when_the_server_is_gone() -> None:
+    journal = PostgresJournal(f'host=127.0.0.1 port={_closed_port()} user=x dbname=x connect_timeout=2')
+    await journal.delete_run(KEY, '0')
+    await journal.delete_execution(KEY)
+    await journal.release_lease(KEY, 'A')
+    assert await journal.write_entry(KEY, '0', 0, entry('x')) is False
+    assert await journal.write_record(KEY, '0', 'meta', {'v': 1}) is False
+    assert await journal.write_execution(KEY, {'v': 1}) is False
+    with pytest.raises(JournalUnavailable):
+        await journal.acquire_lease(KEY, 'A', 60)
+    await journal.close()
+
+
+async def test_c2_delete_execution_leaves_nothing(pg: Pg) -> None:
+    j = pg.journal
+    for run in ('0', '0.3.1', '1'):
+        await j.write_entry(KEY, run, 0, entry(run))
+        await j.write_record(KEY, run, 'meta', {'v': 1})
+    await j.write_execution(KEY, {'v': 1, 'runs': ['0', '0.3.1', '1']})
+    assert await j.acquire_lease(KEY, 'holder-a', 60) is None
+    await j.write_entry('neighbour', '0', 0, entry('stays'))
+
+    await j.delete_execution(KEY)
+
+    for run in ('0', '0.3.1', '1'):
+        assert await j.read_run(KEY, run) == RunSnapshot()
+    assert await j.read_execution(KEY) is None
+    assert [info.key for info in await j.list_executions()] == ['neighbour']
+    eid = execution_id(KEY)
+    for table in ('executions', 'entries', 'run_records'):
+        assert pg.sql(f'SELECT count(*) FROM {{s}}.{table} WHERE eid = %s', eid) == [(0,)]
+    assert await j.acquire_lease(KEY, 'holder-b', 60) is None  # the lease went too
+
+
+# -- B-6: listing and retention ------------------------------------------------------------------
+
+
+async def test_b6_list_executions_reports_key_runs_steps_bytes_and_update(pg: Pg) -> None:
+    j = pg.journal
+    before = time.time()
+    await j.write_execution('a', {'v': 1, 'runs': ['0', '1'], 'status': 'finished'})
+    for position in range(3):
+        await j.write_entry('a', '0', position, entry('x' * 100))
+    await j.write_entry('a', '1', 0, entry('y'))
+    await j.write_record('a', '1', 'meta', {'v': 1})
+    await j.write_record('a', '2', 'meta', {'v': 1})  # a run with a record only
+    await j.write_entry('b', '0', 0, entry('z'))
+    after = time.time()
+
+    infos = await j.list_executions()
+
+    assert [info.key for info in infos] == ['a', 'b']
+    a, b = infos
+    assert (a.runs, a.steps, b.runs, b.steps) == (3, 4, 1, 1)
+    assert a.bytes > 300 and a.bytes > b.bytes > 0
+    assert before - 1 <= a.updated <= after + 1 and before - 1 <= b.updated <= after + 1
+    assert (a.status, b.status) == ('finished', 'failed')
+    await j.write_entry('b', '0', 1, entry('more' * 50))
+    assert (await only_info(j, 'b')).bytes > b.bytes
+
+
+@pytest.mark.parametrize(
+    ('record_status', 'leased', 'expected'),
+    [
+        ('running', True, 'running'),
+        ('finished', True, 'running'),
+        ('running', False, 'failed'),
+        ('failed', False, 'failed'),
+        ('finished', False, 'finished'),
+    ],
+)
+async def test_b6_list_executions_status(pg: Pg, record_status: str, leased: bool, expected: str) -> None:
+    j = pg.journal
+    await j.write_execution(KEY, {'v': 1, 'runs': [], 'status': record_status})
+    if leased:
+        assert await j.acquire_lease(KEY, 'holder', 60) is None
+    assert (await only_info(j)).status == expected
+
+
+async def test_b5_a_lease_alone_is_not_an_execution(pg: Pg) -> None:
+    j = pg.journal
+    assert await j.acquire_lease(KEY, 'A', 60) is None
+    assert await j.list_executions() == []
+    await j.release_lease(KEY, 'A')
+    assert await j.list_executions() == []
+    assert await j.read_execution(KEY) is None
+    assert pg.sql('SELECT count(*) FROM {s}.executions') == [(0,)]  # no row left behind
+
+
+async def test_b6_prune_deletes_old_unleased_executions_only(pg: Pg, clock: list[float]) -> None:
+    j = pg.journal
+    await j.write_entry('old', '0', 0, entry('old'))
+    await j.write_record('old', '0', 'meta', {'v': 1})
+    await j.write_execution('old', {'v': 1, 'status': 'finished'})
+    await j.write_entry('old-but-leased', '0', 0, entry('leased'))
+    assert await j.acquire_lease('old-but-leased', 'live-holder', 100_000) is None
+    await j.write_entry('old-lease-expired', '0', 0, entry('expired'))
+    assert await j.acquire_lease('old-lease-expired', 'dead-holder', 10) is None
+    assert await j.acquire_lease('lease-only', 'dead-holder', 10) is None
+    clock[0] = 3600.0
+    await j.write_entry('recent', '0', 0, entry('recent'))
+
+    pruned = await j.prune(older_than=600)
+
+    assert pruned == ['old', 'old-lease-expired']
+    assert [info.key for info in await j.list_executions()] == ['old-but-leased', 'recent']
+    assert await j.read_run('old', '0') == RunSnapshot()
+    assert await j.read_execution('old') is None
+    assert (await j.read_run('old-but-leased', '0')).entries == {0: entry('leased')}
+    assert pg.sql('SELECT count(*) FROM {s}.entries') == [(2,)]
+    assert pg.sql('SELECT count(*) FROM {s}.run_records') == [(0,)]
+    assert pg.sql('SELECT count(*) FROM {s}.executions') == [(2,)]  # the dead lease-only row went too
+
+
+async def test_b6_prune_keeps_executions_touched_recently(pg: Pg, clock: list[float]) -> None:
+    j = pg.journal
+    await j.write_entry('k', '0', 0, entry('first'))
+    clock[0] = 3600.0
+    await j.write_entry('k', '0', 1, entry('touched later'))
+    assert await j.prune(older_than=600) == []
+    clock[0] = 7200.0
+    assert await j.prune(older_than=600) == ['k']
+    assert await j.list_executions() == []
+
+
+# -- B-5: leases ---------------------------------------------------------------------------------
+
+
+async def test_b5_lease_refuses_another_holder_while_live(pg: Pg) -> None:
+    j = pg.journal
+    before = time.time()
+    assert await j.acquire_lease(KEY, 'A', 30) is None
+
+    held = await pg.reopen().acquire_lease(KEY, 'B', 30)
+
+    assert isinstance(held, Lease) and held.holder == 'A'
+    assert before + 29 <= held.expires_at <= time.time() + 31
+    assert await j.renew_lease(KEY, 'B', 30) is False
+    assert await j.acquire_lease('another key', 'B', 30) is None
+
+
+async def test_b5_holder_reacquires_and_renews_its_own_lease(pg: Pg) -> None:
+    j = pg.journal
+    assert await j.renew_lease(KEY, 'A', 30) is False  # nothing to renew
+    assert await j.acquire_lease(KEY, 'A', 5) is None
+    first = await j.acquire_lease(KEY, 'B', 5)
+    assert first is not None
+    assert await j.acquire_lease(KEY, 'A', 500) is None
+    second = await j.acquire_lease(KEY, 'B', 5)
+    assert second is not None and second.holder == 'A' and second.expires_at > first.expires_at + 400
+    assert await j.renew_lease(KEY, 'A', 1000) is True
+    third = await j.acquire_lease(KEY, 'B', 5)
+    assert third is not None and third.expires_at > second.expires_at + 400
+
+
+async def test_b5_expired_lease_is_taken_over(pg: Pg) -> None:
+    j = pg.journal
+    assert await j.acquire_lease(KEY, 'A', 0.05) is None
+    await asyncio.sleep(0.1)
+
+    assert await j.acquire_lease(KEY, 'B', 30) is None
+
+    held = await j.acquire_lease(KEY, 'A', 30)
+    assert held is not None and held.holder == 'B'
+    assert await j.renew_lease(KEY, 'A', 30) is False
+
+
+async def test_b5_live_lease_is_taken_over_only_from_the_named_holder(pg: Pg) -> None:
+    j = pg.journal
+    assert await j.acquire_lease(KEY, 'A', 60) is None
+    wrong = await j.acquire_lease(KEY, 'B', 60, take_over='C')
+    assert wrong is not None and wrong.holder == 'A'
+    assert await j.acquire_lease(KEY, 'B', 60, take_over='A') is None
+    held = await j.acquire_lease(KEY, 'C', 60)
+    assert held is not None and held.holder == 'B'
+
+
+async def test_b5_release_frees_only_the_holders_lease_and_keeps_data(pg: Pg) -> None:
+    j = pg.journal
+    await j.write_entry(KEY, '0', 0, entry('kept'))
+    await j.write_execution(KEY, {'v': 1, 'status': 'finished'})
+    assert await j.acquire_lease(KEY, 'A', 60) is None
+    await j.release_lease(KEY, 'B')
+    held = await j.acquire_lease(KEY, 'B', 60)
+    assert held is not None and held.holder == 'A'
+
+    await j.release_lease(KEY, 'A')
+
+    assert await j.renew_lease(KEY, 'A', 60) is False
+    assert (await j.read_run(KEY, '0')).entries == {0: entry('kept')}
+    assert (await only_info(j)).status == 'finished'
+    assert await j.acquire_lease(KEY, 'B', 60) is None
+    await j.release_lease(KEY, 'A')  # released twice: no effect on B
+    held = await j.acquire_lease(KEY, 'C', 60)
+    assert held is not None and held.holder == 'B'
+
+
+async def test_b5_concurrent_acquires_over_separate_connections_have_one_winner(pg: Pg) -> None:
+    journals = [pg.reopen() for _ in range(12)]
+    try:
+        for round_number in range(5):
+            key = f'contended-{round_number}'
+            results = await asyncio.gather(*(j.acquire_lease(key, f'w{i}', 60) for i, j in enumerate(journals)))
+            winners = [i for i, held in enumerate(results) if held is None]
+            assert len(winners) == 1, results
+            assert {held.holder for held in results if held is not None} == {f'w{winners[0]}'}
+    finally:
+        for journal in journals:
+            await journal.close()
+
+
+# -- J-6 / B-4: key namespacing ------------------------------------------------------------------
+
+TEN_KB = 'k' * 10_240
+KEY_PAIRS = {
+    'underscore_join': ('etl/load_data', 'etl_load/data'),
+    'colon_join': ('etl:load_data', 'etl_load:data'),
+    'nul_join': ('etl\x00load_data', 'etl_load\x00data'),
+    'trailing_nul': ('a', 'a\x00'),
+    'quote_and_backslash': ("it's\\", "it's"),
+    'unicode_nfc_nfd': ('café', 'cafe\u0301'),
+    'unicode_suffix': ('ключ', 'ключ/'),
+    'lone_surrogate': ('half \ud800', 'half \ud801'),
+    'ten_kb_prefix': (TEN_KB, TEN_KB + '/'),
+    'ten_kb_last_char': (TEN_KB + 'a', TEN_KB + '🙂'),
+}
+
+
+@pytest.mark.parametrize(('first', 'second'), KEY_PAIRS.values(), ids=KEY_PAIRS.keys())
+async def test_j6_b4_keys_never_alias(pg: Pg, first: str, second: str) -> None:
+    j = pg.journal
+    for key in (first, second):
+        assert await j.write_entry(key, '0', 0, entry(key)) is True
+        assert await j.write_record(key, '0', 'meta', {'v': 1, 'key': key}) is True
+        assert await j.write_execution(key, {'v': 1, 'key': key}) is True
+    assert await j.write_entry(first, '0', 1, entry('only in first')) is True
+    assert await j.acquire_lease(first, 'holder-1', 60) is None
+    assert await j.acquire_lease(second, 'holder-2', 60) is None
+
+    reader = pg.reopen()
+    assert (await reader.read_run(first, '0')).entries == {0: entry(first), 1: entry('only in first')}
+    assert await reader.read_run(second, '0') == RunSnapshot(
+        entries={0: entry(second)}, records={'meta': {'v': 1, 'key': second}}
+    )
+    assert await reader.read_execution(second) == {'v': 1, 'key': second}
+    infos = {info.key: info for info in await reader.list_executions()}
+    assert set(infos) == {first, second}
+    assert (infos[first].steps, infos[second].steps) == (2, 1)
+
+    await j.delete_run(second, '0')
+    assert (await j.read_run(first, '0')).entries == {0: entry(first), 1: entry('only in first')}
+    await j.delete_execution(first)
+    assert await j.read_execution(second) == {'v': 1, 'key': second}
+    held = await j.acquire_lease(second, 'intruder', 60)
+    assert held is not None and held.holder == 'holder-2'
+    await reader.close()
+
+
+async def test_b4_two_schemas_in_one_database_are_separate(pg: Pg) -> None:
+    await pg.journal.write_entry(KEY, '0', 0, entry('first schema'))
+    other_schema = f'{pg.schema}_b'
+    other = PostgresJournal(pg.dsn, schema=other_schema)
+    try:
+        await other.open()
+        assert await other.read_run(KEY, '0') == RunSnapshot()
+        assert await other.acquire_lease(KEY, 'B', 60) is None
+        assert await pg.journal.acquire_lease(KEY, 'A', 60) is None
+    finally:
+        await other.close()
+        drop_schema(pg.dsn, other_schema)
+
+
+# -- sharing: objects, processes, durability (B-2, B-8) ------------------------------------------
+
+
+async def test_b8_second_object_without_open_sees_what_the_first_wrote(pg: Pg) -> None:
+    first = pg.journal
+    await first.write_entry(KEY, '0', 0, entry({'answer': 42}))
+    await first.write_record(KEY, '0', 'meta', {'v': 1, 'high_water': 1})
+    await first.write_execution(KEY, {'v': 1, 'runs': ['0']})
+    assert await first.acquire_lease(KEY, 'first', 60) is None
+
+    second = pg.reopen()  # used without open(): connects lazily
+    try:
+        assert await second.read_run(KEY, '0') == RunSnapshot(
+            entries={0: entry({'answer': 42})}, records={'meta': {'v': 1, 'high_water': 1}}
+        )
+        assert await second.read_execution(KEY) == {'v': 1, 'runs': ['0']}
+        held = await second.acquire_lease(KEY, 'second', 60)
+        assert held is not None and held.holder == 'first'
+        await second.write_entry(KEY, '0', 1, entry('from the second object'))
+        assert (await first.read_run(KEY, '0')).entries[1] == entry('from the second object')
+    finally:
+        await second.close()
+
+
+CHILD = """
+import asyncio, json, os, signal, sys
+from pydantic_ai_durable.journals.postgres import PostgresJournal
+
+async def main():
+    journal = PostgresJournal(sys.argv[1], schema=sys.argv[2])
+    await journal.open()
+    key = json.loads(sys.argv[3])
+    snapshot = await journal.read_run(key, '0')
+    lease = await journal.acquire_lease(key, 'child', 60)
+    ok = await journal.write_entry(key, '0', 1, {'v': 1, 'name': 'child', 'kind': 'tool', 'fingerprint': None,
+                                                 'payload': 'written by the child'})
+    print(json.dumps({'entries': {str(k): v for k, v in snapshot.entries.items()}, 'records': snapshot.records,
+                      'execution': await journal.read_execution(key),
+                      'lease_holder': lease.holder if lease else None, 'ok': ok}), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # B-2: what returned True is already committed
+
+asyncio.run(main())
+"""
+
+
+async def test_b2_b8_another_process_reads_and_its_acknowledged_write_survives_sigkill(pg: Pg) -> None:
+    j = pg.journal
+    key = 'proc/key:\u00e9\x00'
+    await j.write_entry(key, '0', 0, entry({'rows': (1, 2)}))
+    await j.write_record(key, '0', 'meta', {'v': 1, 'diverge_from': None})
+    await j.write_execution(key, {'v': 1, 'runs': ['0']})
+    assert await j.acquire_lease(key, 'parent', 60) is None
+
+    child = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, '-c', CHILD, pg.dsn, pg.schema, json.dumps(key)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    seen = json.loads(child.stdout.strip().splitlines()[-1])
+    assert seen == {
+        'entries': {'0': entry({'rows': [1, 2]})},
+        'records': {'meta': {'v': 1, 'diverge_from': None}},
+        'execution': {'v': 1, 'runs': ['0']},
+        'lease_holder': 'parent',
+        'ok': True,
+    }
+    assert (await j.read_run(key, '0')).entries[1]['payload'] == 'written by the child'
+
+
+# -- B-7 / B-8: opening, schema, versions --------------------------------------------------------
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_b7_refused_connection_is_unavailable_quickly() -> None:
+    journal = PostgresJournal(f'host=127.0.0.1 port={_closed_port()} user=nobody password=hunter2 dbname=x')
+    started = time.monotonic()
+    with pytest.raises(JournalUnavailable) as caught:
+        await journal.open()
+    assert time.monotonic() - started < 5
+    message = str(caught.value)
+    assert '\n' not in message
+    assert 'cannot be opened' in message and 'no model was called' in message
+    assert 'hunter2' not in message and 'password=***' in message
+
+
+@pytest.mark.parametrize(
+    'dsn',
+    ['this is not a dsn', 'postgresql://[bad', 'host=127.0.0.1 port=notaport'],
+    ids=['words', 'bad_url', 'bad_port'],
+)
+async def test_b7_malformed_dsn_is_unavailable(dsn: str) -> None:
+    journal = PostgresJournal(dsn)
+    with pytest.raises(JournalUnavailable, match='cannot be opened'):
+        await journal.open()
+    assert 'PostgresJournal(' in repr(journal)
+
+
+async def test_b7_unreachable_host_times_out_with_connect_timeout() -> None:
+    # 192.0.2.0/24 is TEST-NET-1: never routed, so the connection hangs until the timeout.
+    journal = PostgresJournal('host=192.0.2.1 port=5432 user=x dbname=x', connect_timeout=1)
+    started = time.monotonic()
+    with pytest.raises(JournalUnavailable):
+        await journal.open()
+    assert time.monotonic() - started < 5
+
+
+async def test_b7_missing_database_is_unavailable(postgres_dsn: str) -> None:  # noqa: F811
+    journal = PostgresJournal(make_conninfo(postgres_dsn, dbname=f'no_such_database_{uuid.uuid4().hex[:8]}'))
+    with pytest.raises(JournalUnavailable, match='no_such_database'):
+        await journal.open()
+
+
+async def test_b7_a_user_without_privileges_is_unavailable_but_may_use_an_existing_schema(pg: Pg) -> None:
+    role = f'pad_limited_{uuid.uuid4().hex[:8]}'
+    try:
+        pg.sql(f'CREATE ROLE {role} LOGIN')
+    except psycopg.errors.InsufficientPrivilege:
+        pytest.skip('the test server does not let this user create roles')
+    try:
+        limited_dsn = make_conninfo(pg.dsn, user=role)
+        with pytest.raises(JournalUnavailable, match='cannot be opened'):
+            await PostgresJournal(limited_dsn, schema=f'{pg.schema}_new').open()  # may not create a schema
+        read_only = PostgresJournal(limited_dsn, schema=pg.schema)
+        pg.sql(f'GRANT USAGE ON SCHEMA {{s}} TO {role}')
+        pg.sql(f'GRANT SELECT ON ALL TABLES IN SCHEMA {{s}} TO {role}')
+        with pytest.raises(JournalUnavailable, match='permission denied'):
+            await read_only.open()  # may read, not write: refused before any model call
+        await read_only.close()
+        pg.sql(f'GRANT INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {{s}} TO {role}')
+        writer = PostgresJournal(limited_dsn, schema=pg.schema)
+        await writer.open()
+        assert await writer.write_entry(KEY, '0', 0, entry('by the limited user')) is True
+        await writer.close()
+        assert (await pg.journal.read_run(KEY, '0')).entries == {0: entry('by the limited user')}
+    finally:
+        pg.sql(f'DROP OWNED BY {role}')
+        pg.sql(f'DROP ROLE {role}')
+
+
+async def test_b8_a_newer_schema_version_is_refused(pg: Pg) -> None:
+    await pg.journal.write_entry(KEY, '0', 0, entry('kept'))
+    pg.sql('UPDATE {s}.schema_version SET version = %s', SCHEMA_VERSION + 1)
+    newer = pg.reopen()
+    with pytest.raises(JournalUnavailable, match=f'version {SCHEMA_VERSION + 1}, newer than'):
+        await newer.open()
+    assert await newer.write_entry(KEY, '0', 1, entry('refused')) is False
+    assert pg.sql('SELECT count(*) FROM {s}.entries') == [(1,)]
+    await newer.close()
+
+
+async def test_b8_schema_is_created_once_when_many_open_at_once(postgres_dsn: str) -> None:  # noqa: F811
+    dsn, schema = fresh_schema()
+    journals = [PostgresJournal(dsn, schema=schema) for _ in range(10)]
+    try:
+        await asyncio.gather(*(journal.open() for journal in journals))
+        results = await asyncio.gather(*(j.write_entry(KEY, '0', i, entry(i)) for i, j in enumerate(journals)))
+        assert all(results)
+        assert len((await journals[0].read_run(KEY, '0')).entries) == 10
+    finally:
+        for journal in journals:
+            await journal.close()
+        drop_schema(dsn, schema)
+
+
+def test_b8_schema_creation_is_safe_across_threads_and_loops(postgres_dsn: str) -> None:  # noqa: F811
+    dsn, schema = fresh_schema()
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def worker(number: int) -> None:
+        async def run() -> None:
+            journal = PostgresJournal(dsn, schema=schema)
+            barrier.wait()
+            await journal.open()
+            assert await journal.write_entry('k', str(number), 0, {'v': 1})
+            await journal.close()
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(number,)) for number in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        journal = PostgresJournal(dsn, schema=schema)
+        assert [info.runs for info in asyncio.run(journal.list_executions())] == [4]
+        asyncio.run(journal.close())
+    finally:
+        drop_schema(dsn, schema)
+
+
+def test_b8_repr_hides_the_password() -> None:
+    assert 's3cret' not in repr(PostgresJournal('postgresql://me:s3cret@db.example:5432/app'))
+    assert repr(PostgresJournal('postgresql://me:s3cret@db.example/app')) == (
+        "PostgresJournal('postgresql://me:***@db.example/app', schema='pydantic_ai_durable')"
+    )
+    assert 's3cret' not in repr(PostgresJournal('host=db user=me password=s3cret'))
+    assert 's3cret' not in repr(PostgresJournal('postgresql://db/app?user=me&password=s3cret'))
+    assert repr(PostgresJournal('host=db', schema='x')) == "PostgresJournal('host=db', schema='x')"
+
+
+@pytest.mark.parametrize('schema', ['', 'x' * 64, 'a\x00b'])
+def test_b8_bad_schema_name_is_refused(schema: str) -> None:
+    with pytest.raises(ValueError, match='schema'):
+        PostgresJournal('host=db', schema=schema)
+
+
+async def test_b8_odd_schema_names_are_quoted(postgres_dsn: str) -> None:  # noqa: F811
+    schema = f'Odd "name"; DROP TABLE x; {uuid.uuid4().hex[:6]}'
+    journal = PostgresJournal(postgres_dsn, schema=schema)
+    try:
+        await journal.open()
+        assert await journal.write_entry(KEY, '0', 0, entry('x')) is True
+        assert (await journal.read_run(KEY, '0')).entries == {0: entry('x')}
+    finally:
+        await journal.close()
+        drop_schema(postgres_dsn, schema)
+
+
+def test_b8_missing_psycopg_says_what_to_install() -> None:
+    code = (
+        'import sys; sys.modules["psycopg"] = None\n'
+        'from pydantic_ai_durable.journals.postgres import PostgresJournal\n'
+        'try:\n    PostgresJournal("host=x")\n'
+        'except ImportError as exc:\n    print(exc)\n'
+    )
+    child = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60, check=True)
+    assert "pip install 'pydantic-ai-durable[postgres]'" in child.stdout
+
+
+# -- connections: event loops, threads, breaks, cancellation -------------------------------------
+
+
+def _backends(dsn: str, application_name: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            'SELECT count(*) FROM pg_stat_activity WHERE application_name = %s', (application_name,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_b8_calls_from_several_event_loops_and_threads(postgres_dsn: str) -> None:  # noqa: F811
+    dsn, schema = fresh_schema()
+    name = f'pad-loops-{uuid.uuid4().hex[:8]}'
+    journal = PostgresJournal(make_conninfo(dsn, application_name=name), schema=schema)
+    try:
+        asyncio.run(journal.open())
+        assert asyncio.run(journal.acquire_lease(KEY, 'A', 60)) is None
+        assert asyncio.run(journal.write_entry(KEY, '0', 0, entry('loop 2'))) is True
+        assert asyncio.run(journal.write_entry(KEY, '0', 1, entry('loop 3'))) is True
+        assert _backends(dsn, name) == 1  # the connections of closed loops were closed
+
+        async def main_loop() -> None:
+            errors: list[BaseException] = []
+
+            def renewer() -> None:  # like the core's lease renewer: asyncio.run in a daemon thread
+                try:
+                    for _ in range(5):
+                        assert asyncio.run(journal.renew_lease(KEY, 'A', 60)) is True
+                except BaseException as exc:
+                    errors.append(exc)
+
+            thread = threading.Thread(target=renewer)
+            thread.start()
+            for position in range(2, 30):
+                assert await journal.write_entry(KEY, '0', position, entry(position)) is True
+            await asyncio.to_thread(thread.join)
+            assert errors == []
+            assert len((await journal.read_run(KEY, '0')).entries) == 30
+
+        asyncio.run(main_loop())
+        assert asyncio.run(journal.read_execution(KEY)) is None
+        asyncio.run(journal.close())
+        assert _backends(dsn, name) == 0
+    finally:
+        asyncio.run(journal.close())
+        drop_schema(dsn, schema)
+
+
+async def test_b8_many_tasks_of_one_loop_share_its_connection(postgres_dsn: str) -> None:  # noqa: F811
+    dsn, schema = fresh_schema()
+    name = f'pad-tasks-{uuid.uuid4().hex[:8]}'
+    journal = PostgresJournal(make_conninfo(dsn, application_name=name), schema=schema)
+    connects = 0
+    real_connect = journal._connect
+
+    async def counting_connect() -> Any:
+        nonlocal connects
+        connects += 1
+        return await real_connect()
+
+    journal._connect = counting_connect  # type: ignore[method-assign]
+    try:
+        results = await asyncio.gather(*(journal.write_entry(KEY, '0', p, entry(p)) for p in range(40)))
+        assert all(results)
+        assert connects == 1  # the first caller connects; the others wait for it
+        assert len((await journal.read_run(KEY, '0')).entries) == 40
+        assert await asyncio.to_thread(_backends, dsn, name) == 1
+    finally:
+        await journal.close()
+        drop_schema(dsn, schema)
+
+
+async def test_b8_reconnects_after_the_server_drops_the_connection(pg: Pg) -> None:
+    name = f'pad-drop-{uuid.uuid4().hex[:8]}'
+    j = PostgresJournal(make_conninfo(pg.dsn, application_name=name), schema=pg.schema)
+    kill = 'SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s'
+    try:
+        assert await j.write_entry(KEY, '0', 0, entry('before')) is True
+        assert pg.sql(kill, name) == [(True,)]
+
+        assert await j.write_entry(KEY, '0', 1, entry('after')) is True
+
+        assert pg.sql(kill, name) == [(True,)]
+        assert (await j.read_run(KEY, '0')).entries == {0: entry('before'), 1: entry('after')}
+        assert pg.sql(kill, name) == [(True,)]
+        assert await j.acquire_lease(KEY, 'A', 60) is None
+    finally:
+        await j.close()
+
+
+async def test_b8_a_cancelled_call_leaves_the_journal_usable(pg: Pg) -> None:
+    j = pg.journal
+    await j.write_entry(KEY, '0', 0, entry('first'))
+    blocker = await psycopg.AsyncConnection.connect(pg.dsn)
+    try:
+        # Hold the execution row's lock so the next write waits inside the database.
+        await blocker.execute(
+            sql.SQL('SELECT 1 FROM {}.executions WHERE eid = %s FOR UPDATE').format(sql.Identifier(pg.schema)),
+            (execution_id(KEY),),
+        )
+        task = asyncio.create_task(j.write_entry(KEY, '0', 1, entry('cancelled')))
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await blocker.rollback()
+    finally:
+        await blocker.close()
+
+    assert await asyncio.wait_for(j.write_entry(KEY, '0', 2, entry('after')), 10) is True
+    entries = (await j.read_run(KEY, '0')).entries
+    assert entries[0] == entry('first') and entries[2] == entry('after')
+    assert entries.get(1) in (None, entry('cancelled'))
+
+
+async def test_b8_close_then_use_again_reconnects(pg: Pg) -> None:
+    await pg.journal.write_entry(KEY, '0', 0, entry('x'))
+    await pg.journal.close()
+    await pg.journal.close()
+    assert (await pg.journal.read_run(KEY, '0')).entries == {0: entry('x')}
+
+
+def test_pg_fixture_module_reports_how_to_enable() -> None:
+    import pg as pg_module
+
+    assert 'install the Debian package postgresql' in pg_module.HOW_TO_ENABLE
+    assert pg_module.DSN_VARIABLE in pg_module.HOW_TO_ENABLE
