@@ -342,7 +342,13 @@ class Run:
         if not step.replayable:
             return False
         self._tried_max = max(self._tried_max, step.position)
-        entry = {'v': ENTRY_VERSION, 'name': step.name, 'kind': step.kind, 'fingerprint': step.fingerprint}
+        entry = {
+            'v': ENTRY_VERSION,
+            'name': step.name,
+            'kind': step.kind,
+            'fingerprint': step.fingerprint,
+            't': time.time(),  # when it was recorded, for inspection (CLI-1)
+        }
         if spend is not None:
             entry['usage'] = spend
         try:
