@@ -52,8 +52,10 @@ class Journal(Protocol):
 
     Every write returns whether the value was stored and never raises for a value it cannot store
     (J-2): the write happens after a step already succeeded. Reads never raise for a stored value that
-    does not decode; they leave it out (J-3). A write that returned `True` survives a SIGKILL of the
-    process the next instant (B-2).
+    does not decode; it comes back as `None` (or whatever non-dict it decodes to), which the core
+    reads as a miss and reports once (J-3, B-3). A write that returned `True` survives a SIGKILL of
+    the process the next instant (B-2). Lease calls may come from another thread and event loop (the
+    lease is renewed from a background thread).
     """
 
     async def open(self) -> None:
