@@ -17,6 +17,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from pydantic_ai_durable import DiskJournal, Durable, Journal, JournalError, MemoryJournal, PostgresJournal, execution
 from pydantic_ai_durable.journals._json import dumps
+from pydantic_ai_durable.testing import ScriptedModel, ToolCall
 
 
 @pytest.fixture(params=['memory', 'disk', 'postgres'])
@@ -628,3 +629,38 @@ def test_bad_input_empty_execution_key() -> None:
 
 def test_j5_memory_store_is_json(tmp_path: Path) -> None:
     assert dumps({'a': (1, 2)}) == '{"a":[1,2]}'
+
+
+async def test_i5_iter_and_event_stream_handler_runs_replay(new_journal: Any) -> None:
+    calls = Calls()
+    events: list[str] = []
+
+    async def handler(ctx: Any, stream: Any) -> None:
+        async for event in stream:
+            events.append(type(event).__name__)
+
+    model = ScriptedModel([[ToolCall('query', {'sql': 'select 3'}, id='q1')], 'answer: 3 rows'])
+    outputs = []
+    for attempt in range(2):
+        with pytest.raises(KeyError):
+            async with execution('i5-iter'):
+                agent = two_step_agent(new_journal(), calls)
+                async with agent.iter('q') as run:
+                    async for _ in run:
+                        pass
+                assert run.result is not None
+                outputs.append(run.result.output)
+                streamed = await scripted_agent(new_journal(), calls, model).run('q', event_stream_handler=handler)
+                outputs.append(streamed.output)
+                raise KeyError(f'attempt {attempt} fails after the runs')
+    assert outputs == ['answer: 3 rows'] * 4
+    assert (calls['model'], calls['tool'], model.calls) == (2, 2, 2)  # each run live once, then replayed
+    assert 'FunctionToolResultEvent' in events
+
+
+def scripted_agent(journal: Journal, calls: Calls, model: ScriptedModel) -> Agent[None, str]:
+    def query(sql: str) -> str:
+        calls.hit('tool')
+        return '3 rows'
+
+    return Agent(model, name='scripted', toolsets=[FunctionToolset([query], id='db')], capabilities=[Durable(journal)])
