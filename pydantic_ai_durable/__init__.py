@@ -8,12 +8,39 @@ async with execution('order-42'):
 ```
 """
 
-from ._capability import Durable
+from typing import TYPE_CHECKING, Any
+
 from ._errors import DurableError, ExecutionBusy, JournalError, JournalUnavailable
-from ._execution import Execution, ExecutionUsage, execution
 from ._journal import Stats
-from ._masking import SecretRegistry, register_secret
 from .journals import DiskJournal, ExecutionInfo, Journal, MemoryJournal, PostgresJournal
+
+if TYPE_CHECKING:
+    from ._capability import Durable
+    from ._execution import Execution, ExecutionUsage, execution
+    from ._masking import SecretRegistry, register_secret
+
+# The names below import pydantic-ai, which takes seconds; the journal and the CLI do not need it,
+# so they are loaded on first use.
+_LAZY = {
+    'Durable': '._capability',
+    'Execution': '._execution',
+    'ExecutionUsage': '._execution',
+    'execution': '._execution',
+    'SecretRegistry': '._masking',
+    'register_secret': '._masking',
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = (
     'DiskJournal',
