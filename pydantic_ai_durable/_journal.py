@@ -30,6 +30,7 @@ __all__ = (
     'STEP_OBSERVER',
     'Attempt',
     'CleanupMode',
+    'Divergence',
     'Kind',
     'Run',
     'SimulatedCrash',
@@ -85,6 +86,16 @@ class StepOutcome:
     outcome: Literal['replayed', 'live']
 
 
+@dataclass(frozen=True)
+class Divergence:
+    """Where a run stopped replaying, and why (D-3)."""
+
+    run: str
+    position: int
+    name: str
+    reason: str
+
+
 @dataclass
 class Stats:
     """What an attempt replayed and recorded, per kind (S-1), and step by step."""
@@ -93,6 +104,7 @@ class Stats:
     recorded: Counter[str] = field(default_factory=Counter)
     not_recorded: list[tuple[str, str]] = field(default_factory=list)
     steps: list[StepOutcome] = field(default_factory=list)
+    divergences: list[Divergence] = field(default_factory=list)
 
     def summary(self) -> str:
         """The INFO line of S-2."""
@@ -291,6 +303,7 @@ class Run:
     def _diverge(self, step: Step, reason: str) -> None:
         self.diverged = True
         self._entries.clear()
+        self.stats.divergences.append(Divergence(self.key, step.position, step.name, reason))
         log.warning(
             'Execution %r run %s diverged at position %d (%s): %s. This step and every later step of the run '
             'run live.',

@@ -109,6 +109,9 @@ async def test_a5_changed_instructions_diverge_at_the_first_model_step(new_journ
         await two_step_agent(new_journal(), calls, instructions='Be thorough.').run('q')
     assert (calls['model'], calls['tool']) == (4, 2)
     assert sum(handle.stats.replayed.values()) == 0
+    [divergence] = handle.stats.divergences
+    assert (divergence.run, divergence.position, divergence.name) == ('0', 0, 'two_step__model.request')
+    assert divergence.reason.startswith('request differs')
 
 
 @pytest.mark.parametrize('change', ['function', 'settings'])
