@@ -21,6 +21,44 @@ Durability = Literal['process', 'power']
 _INLINE = 2**40
 """Keep every value inside SQLite: diskcache writes large values to side files it never fsyncs."""
 
+_SYNCHRONOUS: dict[Durability, int] = {'process': 1, 'power': 2}
+"""SQLite `synchronous` per durability: NORMAL (a commit survives a process kill), FULL (also power loss)."""
+
+
+class _Cache(diskcache.Cache):  # type: ignore[misc]
+    """A diskcache whose every SQLite connection runs at this journal's `synchronous` level.
+
+    diskcache sets the pragmas of each new connection (one per thread and per process) from its
+    `Settings` table, which the last `Cache` opened on the directory rewrites. Without pinning, a
+    `durability="power"` journal's next connection (the lease renewer's thread, a forked worker)
+    silently ran with `synchronous=NORMAL` once any `durability="process"` journal, another process
+    or the CLI had opened the same directory.
+    """
+
+    def __init__(self, directory: str, *, synchronous: int, **settings: Any) -> None:
+        self._synchronous = synchronous
+        super().__init__(directory, sqlite_synchronous=synchronous, **settings)
+
+    def reset(self, key: str, value: Any = diskcache.core.ENOVAL, update: bool = True) -> Any:
+        # Every connection applies its pragmas through here, from whatever `Settings` holds now.
+        if key == 'sqlite_synchronous' and value is not diskcache.core.ENOVAL:
+            value = self._synchronous
+        return super().reset(key, value, update)
+
+
+def _sync_directory(path: Path) -> None:
+    """Flush a directory's entries, so a file or directory just created in it survives power loss."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # not a directory we can open (e.g. on Windows): nothing more we can do
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
 
 def _size(value: object) -> int:
     return len(value) if isinstance(value, (str, bytes)) else 0
@@ -54,13 +92,16 @@ class DiskJournal:
 
     def _open_cache(self) -> Any:
         if self._cache is None:
-            self._cache = diskcache.Cache(
+            self._cache = _Cache(
                 str(self.path),
+                synchronous=_SYNCHRONOUS[self.durability],
                 eviction_policy='none',
                 disk_min_file_size=_INLINE,
-                sqlite_synchronous=2 if self.durability == 'power' else 1,
                 timeout=60,
             )
+            if self.durability == 'power':  # the database file's name, and the directory's own
+                _sync_directory(self.path)
+                _sync_directory(self.path.absolute().parent)
         return self._cache
 
     async def open(self) -> None:
