@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.capabilities import AbstractCapability, WrapRunHandler
-from pydantic_ai.durable_exec import JSON_CODEC, BaseDurabilityCapability, DurabilityEngineSpec
+from pydantic_ai.durable_exec import JSON_CODEC, BaseDurabilityCapability, CallToolResult, DurabilityEngineSpec
 from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model, ModelRequestParameters
@@ -29,6 +29,7 @@ from ._leaf import JournaledToolset
 from ._ledger import ReplayUsageLedger
 from ._masking import SECRETS, SecretRegistry
 from ._usage import RunSpend
+from .journals import _json
 from .journals._protocol import Journal
 
 __all__ = ('Durable',)
@@ -63,7 +64,6 @@ class _ActiveRun:
 
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)
-
 
 
 _ACTIVE_RUNS: ContextVar[Mapping[int, _ActiveRun] | None] = ContextVar('pydantic_ai_durable.active_runs', default=None)
@@ -209,6 +209,21 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
             active = self._active_run()
             if active is not None:
                 active.ledger.apply_capability_replays()
+
+    def _encode(self, tp: Any, value: Any) -> Any:
+        """Encode a step's result for the journal, refusing (not retrying) what the journal cannot hold (T-4).
+
+        pydantic-ai maps only the codec's `PydanticSerializationError` and `TypeError` to our error; a
+        result nested too deeply or holding invalid UTF-8 raises `ValueError`, and an integer too long
+        for JSON text passes the codec but not the journal, so a tool result is checked for both here.
+        """
+        try:
+            encoded = super()._encode(tp, value)
+        except (ValueError, RecursionError) as exc:
+            raise _not_journalable(exc) from exc
+        if tp is CallToolResult and _json.dumps(encoded) is None:
+            raise _not_journalable(ValueError('it cannot be written as JSON text (an integer over 4300 digits?)'))
+        return encoded
 
     def _wrap_leaf_toolset(self, ts: AbstractToolset[AgentDepsT]) -> WrapperToolset[AgentDepsT] | None:
         """Journal leaves pydantic-ai does not run as durable units itself (A-8).

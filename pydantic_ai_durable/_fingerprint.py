@@ -77,8 +77,8 @@ class Unfingerprintable(ValueError):
     """
 
 
-class _UseJsonAsIs(Exception):
-    """The python-mode dump of the history or parameters failed with `TypeError` (FP-9)."""
+class _NeedsFullPath(Exception):
+    """A new message's python-mode dump failed: FP-9 or a real error, which only the full path decides."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -229,12 +229,16 @@ def _inspect_guide(guide: Any) -> bool:
     needs (FP-8 a). Most messages hold nothing special, and then their rendering is used untouched.
     """
     special = False
+    seen: set[int] = set()  # a python-mode dump can share containers, or even hold a cycle
     stack = [guide]
     while stack:
         node = stack.pop()
         kind = type(node)
         if kind in _SCALARS:
             continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if kind is dict:
             for key in node:
                 if type(key) is not str:
@@ -612,6 +616,7 @@ def _snapshot(message: object) -> _Snapshot | None:
     """
     nodes: list[object] = []
     sizes: list[int] = []
+    containers: set[int] = set()  # a container met twice (shared, or a cycle) makes the message not plain
     stack: list[Any] = [message]
     while stack:
         node = stack.pop()
@@ -619,13 +624,20 @@ def _snapshot(message: object) -> _Snapshot | None:
         kind = type(node)
         if kind in _PLAIN_LEAVES:
             continue
+        if kind is tuple:
+            stack.extend(node)
+            sizes.append(len(node))
+            continue
+        if id(node) in containers:
+            return None
+        containers.add(id(node))
         if kind is dict:
             for key in node:
                 if type(key) is not str:
                     return None
             nodes.extend(node)
             stack.extend(node.values())
-        elif kind is list or kind is tuple:
+        elif kind is list:
             stack.extend(node)
         elif _is_framework_dataclass(kind):
             node = vars(node)
@@ -665,18 +677,18 @@ def _new_message_texts(
 ) -> list[bytes]:
     """`_history_texts` for the messages a step added, one message at a time.
 
-    All guides are taken before anything is rendered, as a whole-history dump would: a python-mode
-    `TypeError` anywhere must switch the history to FP-9 before a refusal elsewhere decides the outcome,
-    and an iterator must be refused before rendering consumes it. A message with a snapshot is plain and
-    needs no guide.
+    All guides are taken before anything is rendered, as a whole-history dump would: a failed python-mode
+    dump anywhere must reach the full path (which tells FP-9 from a real error) before a refusal elsewhere
+    decides the outcome, and an iterator must be refused before rendering consumes it. A message with a
+    snapshot is plain and needs no guide.
     """
     try:
         guides = [
             None if snapshot is not None else _dump_message(message, 'python')
             for message, snapshot in zip(messages, snapshots, strict=True)
         ]
-    except TypeError:
-        raise _UseJsonAsIs from None
+    except Exception:
+        raise _NeedsFullPath from None
     specials = [guide is not None and _inspect_guide(guide) for guide in guides]
     texts: list[bytes] = []
     for message, guide, special in zip(messages, guides, specials, strict=True):
@@ -792,11 +804,11 @@ def _verify_enabled() -> bool:
 
 
 class _ParamsCache:
-    """The last parameters' canonical text, reused while the next call's parameters are equal.
+    """The last parameters' canonical text, reused while the next call's parameters are `==` to them.
 
     pydantic-ai builds a new `ModelRequestParameters` for every request, usually with the same content,
-    and rendering tool schemas costs more than a step's new messages. The snapshot is a deep copy, so
-    editing the live object in place cannot make it compare equal to what was rendered.
+    and rendering tool schemas costs more than a step's new messages. The comparison is with a deep copy,
+    so editing the live object in place cannot make it compare equal to what was rendered.
     """
 
     def __init__(self) -> None:
@@ -826,24 +838,29 @@ class ModelFingerprinter:
 
     Each request's history normally extends the previous one by a response and a request, so this keeps a
     running sha256 over the canonical JSON of the messages already seen and renders only the new ones. The
-    result is always the digest `fingerprint_model_request` computes from scratch.
+    result is the digest `fingerprint_model_request` computes from scratch.
 
     When the running hash is reused, and why that is safe:
 
-    - Every position it covers must still hold the object that was rendered there (or one equal to it).
-      That is one list comparison, done in C with an identity shortcut, so it costs microseconds even at
-      thousands of messages. Compaction, removed, inserted or replaced messages, and history processors
-      that build new messages all restart the rendering at the first difference.
-    - The last message of the previous call is checked in full: its snapshot (every object reachable in
-      it, with every container's size) must match exactly, or it is rendered again. That is the message
-      pydantic-ai edits in place: it stamps metadata on, and appends instruction and tool-availability
-      deltas to, the request it is sending (`_history_recording_targets` in its agent graph).
+    - Every position it covers must still hold the object rendered there, or one `==` to it. That is one
+      list comparison in C with an identity shortcut, microseconds even at thousands of messages, so
+      compaction, removed, inserted or replaced messages, and history processors that build new messages
+      all restart the rendering at the first difference.
+    - The last message of the previous call is checked in full: a walk of it must meet the very same
+      objects with the same container sizes (`_Snapshot`), or it is rendered again (and if that object also
+      sits at an earlier position, everything is). That is the message pydantic-ai edits in place: it
+      stamps metadata on, and appends instruction and tool-availability deltas to, the request it is
+      sending (`_history_recording_targets` in its agent graph).
     - A new `generation` of the masker (a secret registered since) drops everything.
-    - Not seen: an in-place edit of an older message object, e.g. a history processor that assigns to a
-      part of a message from several steps ago instead of replacing the message. Detecting that means
-      walking the whole history on every request, the quadratic cost this class exists to remove, and
-      pydantic-ai itself never does it. With `PYDANTIC_AI_DURABLE_VERIFY_FINGERPRINTS=1`, every call is
-      compared with the from-scratch digest and a difference raises `AssertionError`.
+
+    What is not seen, by design. First, an in-place edit reaching a message older than the previous call's
+    last one (say, a history processor assigning to a part of a message from several steps ago instead of
+    replacing the message): seeing it means walking the whole history on every request, the quadratic
+    cost this class exists to remove, and pydantic-ai itself never does it. Second, a message or the
+    parameters replaced by an object `==` to them that renders differently (`1` for `True`, which Python
+    equality cannot tell apart): an exact comparison would cost a large share of the step it saves. With
+    `PYDANTIC_AI_DURABLE_VERIFY_FINGERPRINTS=1` every call is also computed from scratch and a difference
+    raises `AssertionError`; that is meant for test suites, not production.
 
     A history that needs FP-9 (a set of models somewhere) is fingerprinted from scratch every time.
     """
@@ -860,6 +877,7 @@ class ModelFingerprinter:
         self._hasher = hashlib.sha256(_MESSAGES_OPEN)
         self._before_last: _Hash | None = None
         self._last: _Snapshot | None = None
+        self._occurrences: dict[int, int] = {}  # id -> positions holding that object (ids are pinned by `_objects`)
 
     def fingerprint(
         self,
@@ -915,7 +933,7 @@ class ModelFingerprinter:
         snapshots = [_snapshot(message) for message in new]
         try:
             texts = _new_message_texts(new, snapshots, self._secrets)
-        except _UseJsonAsIs:
+        except _NeedsFullPath:
             self._reset()
             return _full_digest(identity, history, settings, params, self._secrets)
         tail = _request_tail(identity, _settings_text(settings), self._params.text(params))
@@ -929,19 +947,34 @@ class ModelFingerprinter:
         count = len(self._objects)
         if not count:
             return 0
-        if len(history) < count or history[:count] != self._objects:
+        if len(history) < count or not self._starts(history):
             self._reset()
             return 0
+        last = history[count - 1]
         if self._last is not None:
-            snapshot = _snapshot(history[count - 1])
+            snapshot = _snapshot(last)
             if snapshot is not None and snapshot.matches(self._last):
                 return count
-        if self._before_last is None:
-            self._reset()
+        if self._before_last is None or self._occurrences[id(self._objects[-1])] > 1:
+            self._reset()  # cannot rewind, or the edited object also sits at an earlier position
             return 0
         self._hasher, self._before_last, self._last = self._before_last, None, None
-        self._objects.pop()
+        self._occurrences[id(self._objects.pop())] -= 1
         return count - 1
+
+    def _starts(self, history: list[ModelMessage]) -> bool:
+        """Whether `history` begins with the covered messages, without slicing it.
+
+        A slice would touch the reference count of every message, and at thousands of messages those
+        cache misses cost more than everything else a step does; comparing two lists of equal length with
+        the same objects only compares pointers.
+        """
+        count = len(self._objects)
+        self._objects.extend(history[count:])
+        try:
+            return bool(history == self._objects)
+        finally:
+            del self._objects[count:]
 
     def _commit(self, new: list[ModelMessage], snapshots: list[_Snapshot | None], texts: list[bytes]) -> None:
         """Add the new messages to the running hash, keeping the state before the last one for a rewind."""
@@ -953,3 +986,4 @@ class ModelFingerprinter:
                 self._hasher.update(b',')
             self._hasher.update(text)
             self._objects.append(message)
+            self._occurrences[id(message)] = self._occurrences.get(id(message), 0) + 1

@@ -173,12 +173,31 @@ def _parse_entry(value: Any) -> dict[str, Any] | None:
     return value
 
 
+def _readable(value: Any, what: str) -> dict[str, Any] | None:
+    """`value` if it is a record of this format version, else `None` after one WARNING naming `what` (B-3)."""
+    if isinstance(value, dict) and value.get('v') == ENTRY_VERSION:
+        return value
+    log.warning('%s was written in a format this version cannot read; it is ignored.', what)
+    return None
+
+
 def _latest_spend(candidates: Iterable[Any]) -> dict[str, Any] | None:
-    """The spend snapshot with the highest `seq`: snapshots only grow, so that is the newest."""
+    """The spend snapshot with the highest `seq`: snapshots only grow, so that is the newest.
+
+    A snapshot is `{"seq": int, "usage": {...}}`; one of another shape is ignored with a WARNING (B-3).
+    """
     best: dict[str, Any] | None = None
     for candidate in candidates:
-        newer = isinstance(candidate, dict) and type(candidate.get('seq')) is int
-        if newer and (best is None or candidate['seq'] > best['seq']):
+        if candidate is None:
+            continue
+        if not (
+            isinstance(candidate, dict)
+            and type(candidate.get('seq')) is int
+            and isinstance(candidate.get('usage'), dict)
+        ):
+            log.warning('A usage snapshot in the journal has an unknown shape; it is ignored.')
+            continue
+        if best is None or candidate['seq'] > best['seq']:
             best = candidate
     return best
 
@@ -192,8 +211,8 @@ class _Meta:
     model_at_fault: bool = False
 
     @classmethod
-    def parse(cls, value: Any) -> _Meta:
-        if not isinstance(value, dict):
+    def parse(cls, value: dict[str, Any] | None) -> _Meta:
+        if value is None:
             return cls()
         diverge_from = value.get('diverge_from')
         high_water = value.get('high_water')
@@ -232,9 +251,9 @@ class Run:
                 key,
                 sorted(unreadable),
             )
-        self._meta = _Meta.parse(snapshot.records.get('meta'))
+        self._meta = _Meta.parse(self._record('meta'))
         self.spend_snapshot = _latest_spend(
-            [snapshot.records.get('usage'), *(entry.get('usage') for entry in self._entries.values())]
+            [self._record('usage'), *(entry.get('usage') for entry in self._entries.values())]
         )
         """The newest spend snapshot any attempt wrote for this run, from its usage record or an entry (U2-1)."""
         self.next_position = 0
@@ -248,6 +267,12 @@ class Run:
 
     def __repr__(self) -> str:
         return f'Run({self.attempt.key!r}, {self.key!r}, next_position={self.next_position})'
+
+    def _record(self, name: str) -> dict[str, Any] | None:
+        """A run record the core can read; one of an unknown version or shape is ignored with a WARNING (B-3)."""
+        if name not in self.records:
+            return None
+        return _readable(self.records[name], f'Execution {self.attempt.key!r} run {self.key}: its {name} record')
 
     @property
     def stats(self) -> Stats:
@@ -305,8 +330,7 @@ class Run:
         self._entries.clear()
         self.stats.divergences.append(Divergence(self.key, step.position, step.name, reason))
         log.warning(
-            'Execution %r run %s diverged at position %d (%s): %s. This step and every later step of the run '
-            'run live.',
+            'Execution %r run %s diverged at position %d (%s): %s. This step and every later step of the run run live.',
             self.attempt.key,
             self.key,
             step.position,
@@ -613,7 +637,8 @@ class Attempt:
             stored = await journal.read_execution(self.key)
         except Exception:
             stored = None
-        record: dict[str, Any] = stored if isinstance(stored, dict) else {}
+        readable = _readable(stored, f'Execution {self.key!r}: its record') if stored is not None else None
+        record: dict[str, Any] = readable if readable is not None else {}
         listed = record.get('runs')
         runs = [run for run in listed if isinstance(run, str)] if isinstance(listed, list) else []
         attempts = record.get('attempts')

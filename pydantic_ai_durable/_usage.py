@@ -9,6 +9,7 @@ already paid.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -19,6 +20,8 @@ from ._journal import Run
 from ._ledger import fill_replayed_cost
 
 __all__ = ('RunSpend', 'load_usage')
+
+log = logging.getLogger('pydantic_ai_durable')
 
 _USAGE = TypeAdapter(RunUsage)
 _RECORD = 'usage'
@@ -31,6 +34,7 @@ def load_usage(value: Any) -> RunUsage:
     try:
         return _USAGE.validate_python(value.get('usage', {}))
     except ValidationError:
+        log.warning('A usage snapshot in the journal has an unknown shape; it is ignored.')
         return RunUsage()
 
 

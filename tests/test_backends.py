@@ -265,6 +265,11 @@ async def test_j3_garbage_entry_reads_as_absent(backend_case: BackendCase, raw: 
     assert (await only_info(j)).key == KEY  # listing does not trip over it either
 
 
+def unreadable_record(record: object) -> bool:
+    """How a stored execution record that does not decode reads back: absent, or of no known version (B-3)."""
+    return record is None or (isinstance(record, dict) and record.get('v') != 1)
+
+
 @pytest.mark.parametrize('raw', GARBAGE.values(), ids=GARBAGE.keys())
 async def test_j3_garbage_record_and_execution_read_as_absent(backend_case: BackendCase, raw: str) -> None:
     j = backend_case.journal
@@ -278,7 +283,7 @@ async def test_j3_garbage_record_and_execution_read_as_absent(backend_case: Back
 
     assert not isinstance(snapshot.records.get('meta'), dict)
     assert snapshot.records['usage'] == {'v': 1, 'requests': 1}
-    assert await j.read_execution(KEY) is None
+    assert unreadable_record(await j.read_execution(KEY))
     assert (await only_info(j)).status == 'failed'
 
 
@@ -678,7 +683,7 @@ async def test_j3_disk_value_of_a_foreign_type_reads_as_absent(tmp_path: Path, r
 
     assert not isinstance(snapshot.entries.get(1), dict) or snapshot.entries[1] == raw
     assert snapshot.entries[0] == entry('good')
-    assert await journal.read_execution(KEY) is None or await journal.read_execution(KEY) == raw
+    assert unreadable_record(await journal.read_execution(KEY))
     await journal.close()
 
 
@@ -714,11 +719,6 @@ async def test_c1_disk_unreadable_head_does_not_orphan_entries(tmp_path: Path) -
     assert left == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG disk.py _delete_run_items deletes only positions below the head's `top` and never probes "
-    'forward (C-1): entries the head forgot (unreadable head rewritten by a later write) are orphaned forever',
-)
 async def test_c1_disk_cleanup_after_an_unreadable_head_leaves_nothing(tmp_path: Path) -> None:
     from pydantic_ai_durable._journal import Attempt
 

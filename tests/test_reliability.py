@@ -31,7 +31,6 @@ from typing import Any
 import diskcache
 import pytest
 from pydantic_ai import Agent, FunctionToolset
-from pydantic_ai.exceptions import UsageLimitExceeded
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -454,23 +453,15 @@ async def test_b3_unreadable_entry_is_a_miss_with_one_warning(
     assert len(warnings_of(caplog)) == 1, warnings_of(caplog)
 
 
-BUG_RECORDS_UNCHECKED = pytest.mark.xfail(
-    strict=True,
-    raises=(AssertionError, UsageLimitExceeded),  # an unknown-version usage record is applied: 77 requests
-    reason='BUG B-3: run records (meta, usage) and the execution record carry "v" but nobody checks it, and an '
-    'unreadable one is dropped silently: _journal.py _Meta.parse / Attempt._start_record, _usage.py load_usage',
-)
-
 META_PROBLEMS = [
     pytest.param(None, [3, 4, 5, 6], id='intact-meta'),
     pytest.param(
         json.dumps({'v': 999, 'diverge_from': 0, 'high_water': 7, 'model_at_fault': False}),
         [],
         id='unknown-version',
-        marks=BUG_RECORDS_UNCHECKED,
     ),
-    pytest.param('not json {', [], id='not-json', marks=BUG_RECORDS_UNCHECKED),
-    pytest.param('[3]', [], id='wrong-shape', marks=BUG_RECORDS_UNCHECKED),
+    pytest.param('not json {', [], id='not-json'),
+    pytest.param('[3]', [], id='wrong-shape'),
 ]
 
 
@@ -515,7 +506,6 @@ RECORD_PROBLEMS = [
 ]
 
 
-@BUG_RECORDS_UNCHECKED
 @pytest.mark.parametrize(('suffix', 'corrupt'), RECORD_PROBLEMS)
 async def test_b3_unreadable_execution_or_usage_record_is_a_miss_with_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, suffix: str, corrupt: Corrupt
@@ -538,12 +528,6 @@ async def test_b3_unreadable_execution_or_usage_record_is_a_miss_with_one_warnin
     assert len(warnings_of(caplog)) == 1, warnings_of(caplog)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason='BUG B-3: journals/disk.py DiskJournal._head turns an unreadable head ({eid}/h) into an empty '
-    'one without a WARNING, so every recorded step of the execution silently runs live again',
-)
 async def test_b3_unreadable_disk_head_is_a_miss_with_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -827,35 +811,20 @@ def same(left: Any, right: Any) -> bool:
     return bool(type(left) is type(right) and left == right)
 
 
-BUG_SERIALIZATION_VALUEERROR = pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason='BUG T-4: pydantic-ai maps only PydanticSerializationError/TypeError of the JSON codec through '
-    'serialization_failure; the ValueError (too deep: "Circular reference detected", invalid UTF-8 bytes: '
-    'UnicodeDecodeError) escapes raw instead of a JournalError naming the tool. Fix: Durable._encode override',
-)
-BUG_HUGE_INT = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason='BUG T-4/W-2: an int over 4300 digits encodes fine in pydantic but journals/_json.dumps hits '
-    "Python's int-to-str limit, so the step is silently not recorded (and the next model request is not "
-    'fingerprinted): the tool runs again on every retry instead of being journaled or refused',
-)
-
 HOSTILE: list[Any] = [
     pytest.param('x' * 1_000_000, id='1mb-string'),
     pytest.param(nested(100), id='depth-100-lists'),
     pytest.param(nested(100, as_dict=True), id='depth-100-dicts'),
-    pytest.param(nested(500), id='depth-500-lists', marks=BUG_SERIALIZATION_VALUEERROR),
-    pytest.param(nested(500, as_dict=True), id='depth-500-dicts', marks=BUG_SERIALIZATION_VALUEERROR),
+    pytest.param(nested(500), id='depth-500-lists'),
+    pytest.param(nested(500, as_dict=True), id='depth-500-dicts'),
     pytest.param(float('nan'), id='nan'),
     pytest.param([float('inf'), float('-inf'), -0.0, 1e308], id='infinities'),
     pytest.param({'nan': float('nan')}, id='nan-in-dict'),
-    pytest.param(b'\xff\xfe\x00 not utf-8', id='non-utf8-bytes', marks=BUG_SERIALIZATION_VALUEERROR),
+    pytest.param(b'\xff\xfe\x00 not utf-8', id='non-utf8-bytes'),
     pytest.param(b'valid utf-8 \xc3\xa9', id='utf8-bytes'),
     pytest.param('lone \ud800 surrogate and \x00 nul', id='unencodable-str'),
     pytest.param(10**4000, id='int-4000-digits'),
-    pytest.param(10**5000, id='int-5000-digits', marks=BUG_HUGE_INT),
+    pytest.param(10**5000, id='int-5000-digits'),
 ]
 
 WITNESS_OUTPUT = 'result-1 result-2 result-3'

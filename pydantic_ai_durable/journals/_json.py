@@ -40,3 +40,15 @@ def loads_dict(text: object) -> dict[str, Any] | None:
     """Decode stored text that must hold an object; anything else reads as absent (J-3)."""
     value = loads(text)
     return value if isinstance(value, dict) else None
+
+
+def loads_record(text: object) -> dict[str, Any] | None:
+    """Decode a stored record: `None` when nothing is stored, else a dict.
+
+    A stored value that does not decode to an object comes back as a record of no known format version
+    (`{"v": None}`), so the core can tell it from a missing one and say so once (B-3).
+    """
+    if text is None:
+        return None
+    value = loads(text)
+    return value if isinstance(value, dict) else {'v': None}

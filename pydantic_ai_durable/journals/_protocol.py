@@ -94,9 +94,7 @@ class Journal(Protocol):
         """Every execution with something stored, for inspection and retention (B-6)."""
         ...
 
-    async def acquire_lease(
-        self, key: str, holder: str, ttl: float, *, take_over: str | None = None
-    ) -> Lease | None:
+    async def acquire_lease(self, key: str, holder: str, ttl: float, *, take_over: str | None = None) -> Lease | None:
         """Take the lease on `key` for `ttl` seconds.
 
         Returns `None` when `holder` now holds it, else the live lease of someone else. A lease that

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -16,10 +17,18 @@ from ._protocol import ExecutionInfo, Lease, RunSnapshot
 
 __all__ = ('DiskJournal', 'default_directory')
 
+log = logging.getLogger('pydantic_ai_durable')
+
 Durability = Literal['process', 'power']
 
 _INLINE = 2**40
 """Keep every value inside SQLite: diskcache writes large values to side files it never fsyncs."""
+
+_HEAD_VERSION = 1
+_RESERVE = 64
+"""Positions a head reserves past the last one written: one head update per 64 steps of a run."""
+_STAMP_EVERY = 2.0
+"""Seconds between refreshes of an execution's last-update time while its steps are written."""
 
 _SYNCHRONOUS: dict[Durability, int] = {'process': 1, 'power': 2}
 """SQLite `synchronous` per durability: NORMAL (a commit survives a process kill), FULL (also power loss)."""
@@ -84,6 +93,12 @@ class DiskJournal:
         self.path = Path(path) if path is not None else default_directory()
         self.durability: Durability = durability
         self._cache: Any = None
+        self._tops: dict[tuple[str, str], int] = {}
+        """Per (execution, run): positions below this are covered by the stored head, as of the run's start."""
+        self._names: dict[tuple[str, str], set[str]] = {}
+        """Per (execution, run): record names the stored head lists."""
+        self._stamped: dict[str, float] = {}
+        """Per execution: when this object last wrote the head's `updated`."""
 
     def __repr__(self) -> str:
         return f'DiskJournal({str(self.path)!r}, durability={self.durability!r})'
@@ -130,7 +145,8 @@ class DiskJournal:
 
     # -- layout ----------------------------------------------------------------------------------
     # Every key starts with the execution's digest, so no two executions share one (J-6).
-    # `{eid}/h` head: original key, last update, and the positions each run reached.
+    # `{eid}/h` head: original key, last update, and per run how far its positions may reach (`top`,
+    # reserved ahead in blocks, so a step's write is one `set`, not a read-modify-write of the head).
 
     @staticmethod
     def _entry_key(eid: str, run: str, position: int) -> str:
@@ -141,32 +157,83 @@ class DiskJournal:
         return f'{eid}/m/{run}/{name}'
 
     def _head(self, cache: Any, eid: str) -> dict[str, Any]:
-        head = _json.loads_dict(cache.get(f'{eid}/h'))
-        if head is None or not isinstance(head.get('runs'), dict):
-            return {'runs': {}}
+        """The execution's head; one that no longer reads is rebuilt from the keys it should list (B-3)."""
+        stored = cache.get(f'{eid}/h')
+        head = _json.loads_dict(stored)
+        if head is not None and head.get('v') == _HEAD_VERSION and isinstance(head.get('runs'), dict):
+            return head
+        if stored is None:
+            return {'v': _HEAD_VERSION, 'runs': {}}
+        return self._rebuild_head(cache, eid)
+
+    def _rebuild_head(self, cache: Any, eid: str) -> dict[str, Any]:
+        runs: dict[str, dict[str, Any]] = {}
+        for item in list(cache.iterkeys()):
+            if not (isinstance(item, str) and item.startswith(f'{eid}/')):
+                continue
+            parts = item.split('/')
+            if len(parts) == 4 and parts[1] == 'e' and parts[3].isdigit():
+                state = runs.setdefault(parts[2], {'top': 0, 'records': []})
+                state['top'] = max(state['top'], int(parts[3]) + 1 + _RESERVE)
+            elif len(parts) == 4 and parts[1] == 'm':
+                runs.setdefault(parts[2], {'top': 0, 'records': []})['records'].append(parts[3])
+        log.warning(
+            'The journal %r: the index of an execution was written in a format this version cannot read; '
+            'it was rebuilt from the %d runs found.',
+            str(self.path),
+            len(runs),
+        )
+        head: dict[str, Any] = {'v': _HEAD_VERSION, 'runs': runs, 'updated': time.time()}
+        record = _json.loads_dict(cache.get(f'{eid}/x'))
+        if record is not None and isinstance(record.get('key'), str):
+            head['key'] = record['key']
         return head
+
+    def _remember(self, eid: str, run: str, state: dict[str, Any]) -> None:
+        top = state.get('top', 0)
+        self._tops[(eid, run)] = top if isinstance(top, int) else 0
+        self._names[(eid, run)] = {name for name in state.get('records', []) if isinstance(name, str)}
+
+    def _forget(self, eid: str) -> None:
+        for known in (self._tops, self._names):
+            for slot in [slot for slot in known if slot[0] == eid]:
+                del known[slot]
 
     def _write(
         self, key: str, run: str | None, item_key: str, text: str, *, top: int | None = None, record: str | None = None
     ) -> bool:
+        """Write one value and, in the same transaction, what the head must learn about it."""
         eid = execution_id(key)
         try:
             cache = self._open_cache()
             with cache.transact():
                 head = self._head(cache, eid)
                 head['key'] = key
-                head['updated'] = time.time()
+                head['updated'] = self._stamped[eid] = time.time()
                 if run is not None:
                     state = head['runs'].setdefault(run, {'top': 0, 'records': []})
                     if top is not None and top > state.get('top', 0):
-                        state['top'] = top
+                        state['top'] = top + _RESERVE
                     if record is not None and record not in state.setdefault('records', []):
                         state['records'].append(record)
+                    self._remember(eid, run, state)
                 cache.set(item_key, text)
                 cache.set(f'{eid}/h', _json.dumps(head))
             return True
         except Exception:
             return False
+
+    def _set(self, key: str, run: str, item_key: str, text: str) -> bool:
+        """Write a value the head already covers: one `set`, and the head's `updated` every few seconds."""
+        eid = execution_id(key)
+        now = time.time()
+        if now - self._stamped.get(eid, 0.0) >= _STAMP_EVERY:
+            return self._write(key, run, item_key, text)
+        try:
+            self._open_cache().set(item_key, text)
+        except Exception:
+            return False
+        return True
 
     # -- runs ------------------------------------------------------------------------------------
 
@@ -175,49 +242,60 @@ class DiskJournal:
         cache = self._open_cache()
         state = self._head(cache, eid)['runs'].get(run)
         if not isinstance(state, dict):
+            self._forget(eid)
             return RunSnapshot()
+        self._remember(eid, run, state)
         entries: dict[int, Any] = {}
-        top = state.get('top', 0)
-        for position in range(top if isinstance(top, int) else 0):
+        for position in range(self._tops[(eid, run)]):
             text = cache.get(self._entry_key(eid, run, position))
             if text is not None:
                 entries[position] = _json.loads(text)
-        records = {
-            name: _json.loads(cache.get(self._record_key(eid, run, name)))
-            for name in state.get('records', [])
-            if isinstance(name, str)
-        }
+        records = {name: _json.loads(cache.get(self._record_key(eid, run, name))) for name in self._names[(eid, run)]}
         return RunSnapshot(entries=entries, records=records)
 
     async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any]) -> bool:
         text = _json.dumps(entry)
         if text is None:
             return False
-        return self._write(key, run, self._entry_key(execution_id(key), run, position), text, top=position + 1)
+        eid = execution_id(key)
+        item = self._entry_key(eid, run, position)
+        if position < self._tops.get((eid, run), 0):  # the head already covers it (read or reserved by us)
+            return self._set(key, run, item, text)
+        return self._write(key, run, item, text, top=position + 1)
 
     async def write_record(self, key: str, run: str, name: str, value: dict[str, Any]) -> bool:
         text = _json.dumps(value)
         if text is None:
             return False
-        return self._write(key, run, self._record_key(execution_id(key), run, name), text, record=name)
+        eid = execution_id(key)
+        item = self._record_key(eid, run, name)
+        if name in self._names.get((eid, run), ()):
+            return self._set(key, run, item, text)
+        return self._write(key, run, item, text, record=name)
 
     async def delete_run(self, key: str, run: str) -> None:
         eid = execution_id(key)
+        self._forget(eid)
         try:
             cache = self._open_cache()
             with cache.transact():
                 head = self._head(cache, eid)
                 state = head['runs'].pop(run, None)
-                if isinstance(state, dict):
-                    self._delete_run_items(cache, eid, run, state)
+                self._delete_run_items(cache, eid, run, state if isinstance(state, dict) else {})
                 cache.set(f'{eid}/h', _json.dumps(head))
         except Exception:
             return
 
     def _delete_run_items(self, cache: Any, eid: str, run: str, state: dict[str, Any]) -> None:
         top = state.get('top', 0)
-        for position in range(top if isinstance(top, int) else 0):
+        limit = top if isinstance(top, int) else 0
+        for position in range(limit):
             cache.delete(self._entry_key(eid, run, position))
+        # Then on while entries exist: one the head lost track of (a head rewritten after it became
+        # unreadable) must not outlive its run (C-1).
+        position = limit
+        while cache.delete(self._entry_key(eid, run, position)):
+            position += 1
         for name in state.get('records', []):
             if isinstance(name, str):
                 cache.delete(self._record_key(eid, run, name))
@@ -225,7 +303,7 @@ class DiskJournal:
     # -- executions ------------------------------------------------------------------------------
 
     async def read_execution(self, key: str) -> dict[str, Any] | None:
-        return _json.loads_dict(self._open_cache().get(f'{execution_id(key)}/x'))
+        return _json.loads_record(self._open_cache().get(f'{execution_id(key)}/x'))
 
     async def write_execution(self, key: str, value: dict[str, Any]) -> bool:
         text = _json.dumps(value)
@@ -240,13 +318,8 @@ class DiskJournal:
             return
 
     def _delete_execution(self, cache: Any, eid: str) -> None:
+        self._forget(eid)
         with cache.transact():
-            if _json.loads_dict(cache.get(f'{eid}/h')) is None:
-                # No readable head to say where the runs end: find the keys by their prefix instead.
-                for item in list(cache.iterkeys()):
-                    if isinstance(item, str) and item.startswith(f'{eid}/'):
-                        cache.delete(item)
-                return
             head = self._head(cache, eid)
             for run, state in head['runs'].items():
                 if isinstance(state, dict):

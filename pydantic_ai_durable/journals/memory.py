@@ -79,7 +79,7 @@ class MemoryJournal:
     async def read_execution(self, key: str) -> dict[str, Any] | None:
         with self._lock:
             stored = self._executions.get(key)
-            return _json.loads_dict(stored.record) if stored else None
+            return _json.loads_record(stored.record) if stored else None
 
     async def write_execution(self, key: str, value: dict[str, Any]) -> bool:
         text = _json.dumps(value)

@@ -443,7 +443,7 @@ class PostgresJournal:
             return await (await conn.execute(self._sql.read_execution, params)).fetchone()
 
         row = await self._run(read)
-        return _json.loads_dict(row[0]) if row is not None else None
+        return _json.loads_record(row[0]) if row is not None else None
 
     async def write_execution(self, key: str, value: dict[str, Any]) -> bool:
         text = _json.dumps(value)
