@@ -105,3 +105,16 @@ async def backend_case(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
 def backend_journal(backend_case: BackendCase) -> Journal:
     """An opened, empty journal of each backend."""
     return backend_case.journal
+
+
+@pytest.fixture(params=['memory', 'disk', 'postgres'])
+def new_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Journal]:
+    """The journal of the next attempt: the same object (memory), or a new object on the same store,
+    as a new process would open it (disk, postgres)."""
+    if request.param == 'memory':
+        shared = MemoryJournal()
+        return lambda: shared
+    if request.param == 'postgres':
+        dsn, schema = fresh_schema()
+        return lambda: PostgresJournal(dsn, schema=schema)
+    return lambda: DiskJournal(tmp_path / 'journal')

@@ -9,27 +9,14 @@ from typing import Any
 
 import pytest
 from helpers import Calls, responses, tool_returns, two_step_agent
-from pg import fresh_schema
 from pydantic_ai import Agent, FunctionToolset, ModelRetry
 from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from pydantic_ai_durable import DiskJournal, Durable, Journal, JournalError, MemoryJournal, PostgresJournal, execution
+from pydantic_ai_durable import DiskJournal, Durable, Journal, JournalError, MemoryJournal, execution
 from pydantic_ai_durable.journals._json import dumps
 from pydantic_ai_durable.testing import ScriptedModel, ToolCall
-
-
-@pytest.fixture(params=['memory', 'disk', 'postgres'])
-def new_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    """A factory giving the journal of the next attempt: the same object (memory), or a new one on the same store."""
-    if request.param == 'memory':
-        shared = MemoryJournal()
-        return lambda: shared
-    if request.param == 'postgres':
-        dsn, schema = fresh_schema()
-        return lambda: PostgresJournal(dsn, schema=schema)
-    return lambda: DiskJournal(tmp_path / 'journal')
 
 
 async def stored_executions(journal: Journal) -> list[str]:

@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import Calls, responses, tool_returns
 from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import UsageLimits
 
-from helpers import Calls, responses, tool_returns
-from pydantic_ai_durable import DiskJournal, Durable, MemoryJournal, execution
+from pydantic_ai_durable import Durable, execution
 from pydantic_ai_durable.testing import SimulatedCrash, crash_at
 
 code_mode = pytest.importorskip('pydantic_ai_harness.code_mode')
-
-
-@pytest.fixture(params=['memory', 'disk'])
-def new_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == 'memory':
-        shared = MemoryJournal()
-        return lambda: shared
-    return lambda: DiskJournal(tmp_path / 'journal')
 
 
 SNIPPETS = {

@@ -19,7 +19,7 @@ from pydantic_ai.tools import DeferredToolRequests, RunContext, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from pydantic_ai_durable import DiskJournal, Durable, JournalError, MemoryJournal, SecretRegistry, execution
+from pydantic_ai_durable import DiskJournal, Durable, JournalError, SecretRegistry, execution
 from pydantic_ai_durable.journals import Journal
 
 _ARGS = TypeAdapter(dict[str, Any]).validator
@@ -52,14 +52,6 @@ class Warehouse(AbstractToolset[Any]):
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
         return self.tools[name](**tool_args)
-
-
-@pytest.fixture(params=['memory', 'disk'])
-def new_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == 'memory':
-        shared = MemoryJournal()
-        return lambda: shared
-    return lambda: DiskJournal(tmp_path / 'journal')
 
 
 def leaf_agent(

@@ -23,15 +23,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import RunContext
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
-from pydantic_ai_durable import DiskJournal, Durable, Journal, MemoryJournal, execution
-
-
-@pytest.fixture(params=['memory', 'disk'])
-def new_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == 'memory':
-        shared = MemoryJournal()
-        return lambda: shared
-    return lambda: DiskJournal(tmp_path / 'journal')
+from pydantic_ai_durable import Durable, Journal, execution
 
 
 def tokens_model(calls: Calls, *, turns: int, crash_at_turn: int | None = None, name: str = 'tokens') -> FunctionModel:
