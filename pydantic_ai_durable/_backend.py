@@ -153,7 +153,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
             step,
             body,
             to_record=active.mask,
-            spend=lambda payload: active.spend.tool_call_finished(is_successful_tool_payload(payload)),
+            spend=active.tool_spend,
         )
 
 

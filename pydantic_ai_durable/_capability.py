@@ -26,7 +26,7 @@ from ._execution import Execution, current_attempt
 from ._fingerprint import ModelFingerprinter
 from ._journal import Run, SimulatedCrash
 from ._leaf import JournaledToolset
-from ._ledger import ReplayUsageLedger
+from ._ledger import ReplayUsageLedger, is_successful_tool_payload
 from ._masking import SECRETS, SecretRegistry
 from ._usage import RunSpend
 from .journals import _json
@@ -64,6 +64,10 @@ class _ActiveRun:
 
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)
+
+    def tool_spend(self, payload: object) -> dict[str, Any] | None:
+        """Count a finished live tool call (pydantic-ai counts only successful ones, U-4)."""
+        return self.spend.tool_call_finished(is_successful_tool_payload(payload))
 
 
 _ACTIVE_RUNS: ContextVar[Mapping[int, _ActiveRun] | None] = ContextVar('pydantic_ai_durable.active_runs', default=None)

@@ -80,7 +80,7 @@ class JournaledToolset(WrapperToolset[AgentDepsT]):
             step,
             body,
             to_record=active.mask,
-            spend=lambda payload: active.spend.tool_call_finished(is_successful_tool_payload(payload)),
+            spend=active.tool_spend,
         )
         outcome = live[0]
         if isinstance(outcome, CONTROL_FLOW_EXCEPTIONS):
