@@ -119,12 +119,12 @@ class DurableBackend(JournalCallableOperationBackend[None]):
             return step.payload
         step.reject()  # a no-op unless a replayed payload no longer loads
         ledger.record_live_model_request(had_request_credit=had_credit)  # may stop the request (U-13)
-        await active.spend.request_sent()
+        await active.spend.request_sent(continuation=continuation)
         responses: list[ModelResponse | None] = []
 
         def spent(payload: object) -> dict[str, Any]:
             responses.append(_response_of(payload, decode))
-            return active.spend.response_received(responses[0])
+            return active.spend.response_received(responses[0], continuation=continuation)
 
         payload = await run_live(step, body, spend=spent)
         if responses and responses[0] is not None:

@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai.messages import ModelResponse
-from pydantic_ai.usage import RunUsage
+from pydantic_ai.usage import RequestUsage, RunUsage
 
 from ._journal import Run
-from ._ledger import fill_replayed_cost
+from ._ledger import fill_replayed_cost, subtract_usage
 
 __all__ = ('RunSpend', 'load_usage')
 
@@ -52,6 +52,8 @@ class RunSpend:
         self.earlier = load_usage(snapshot)
         self._seq: int = snapshot['seq'] if snapshot is not None else 0
         self.attempt = RunUsage()
+        self._segment: tuple[str | None, RequestUsage] | None = None
+        """The last live segment of a continuation chain: its provider response id and priced usage."""
 
     @property
     def total(self) -> RunUsage:
@@ -61,18 +63,37 @@ class RunSpend:
         self._seq += 1
         return {'seq': self._seq, 'usage': _USAGE.dump_python(self.total, mode='json')}
 
-    async def request_sent(self) -> None:
-        """Count a live request and persist it before the request goes out (write-ahead)."""
+    async def request_sent(self, *, continuation: bool) -> None:
+        """Count a live request and persist it before the request goes out (write-ahead).
+
+        A continuation of a suspended response is not a new request: pydantic-ai counts a chain once.
+        """
+        if continuation:
+            return
         self.attempt.requests += 1
+        self._segment = None
         await self._run.write_record(_RECORD, self.snapshot())
 
-    def response_received(self, response: ModelResponse | None) -> dict[str, Any]:
-        """Add a live response's tokens and price; returns the snapshot to store with its entry."""
+    def response_received(self, response: ModelResponse | None, *, continuation: bool) -> dict[str, Any]:
+        """Add a live response's tokens and price; returns the snapshot to store with its entry.
+
+        Segments of a continuation chain add up, except a re-poll of the same provider response, whose
+        usage is cumulative: it replaces the previous segment's, as pydantic-ai's merge does.
+        """
         if response is not None:
             priced = copy.copy(response)
             priced.usage = copy.copy(response.usage)
             fill_replayed_cost(priced)  # priced the way the graph prices it
+            previous = self._segment
+            if (
+                continuation
+                and previous is not None
+                and response.provider_response_id
+                and (previous[0] == response.provider_response_id)
+            ):
+                subtract_usage(self.attempt, previous[1])
             self.attempt.incr(priced.usage)
+            self._segment = (response.provider_response_id, priced.usage)
         return self.snapshot()
 
     def tool_call_finished(self, successful: bool) -> dict[str, Any] | None:

@@ -305,3 +305,45 @@ def test_u2_every_run_usage_field_is_persisted() -> None:
 
 def test_asyncio_is_available() -> None:
     assert asyncio.get_event_loop_policy() is not None
+
+
+def continuation_model(calls: Calls, *, same_id: bool) -> FunctionModel:
+    """A response delivered in three segments: two suspended, then complete (Anthropic pause_turn, OpenAI
+    background mode). With `same_id` every segment re-polls one provider response with cumulative usage."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.hit('model')
+        last = messages[-1]
+        segment = 0
+        if isinstance(last, ModelResponse) and last.state == 'suspended':
+            segment = last.usage.input_tokens // 10 if same_id else int(str(last.provider_response_id)[1:])
+        tokens = 10 * (segment + 1) if same_id else 10
+        usage = RequestUsage(input_tokens=tokens, output_tokens=tokens // 10)
+        response_id = 'r1' if same_id else f'r{segment + 1}'
+        state: Any = 'complete' if segment == 2 else 'suspended'
+        return ModelResponse(
+            parts=[TextPart(f's{segment}')], usage=usage, provider_response_id=response_id, state=state
+        )
+
+    return FunctionModel(model, model_name='continuing')
+
+
+@pytest.mark.parametrize('same_id', [False, True], ids=['distinct-ids', 're-polled-id'])
+async def test_j75_u5_u12_continuation_chains_count_once_and_replay_for_free(new_journal: Any, same_id: bool) -> None:
+    calls = Calls()
+
+    def agent() -> Agent[None, str]:
+        return Agent(continuation_model(calls, same_id=same_id), name='chain', capabilities=[Durable(new_journal())])
+
+    with pytest.raises(KeyError):
+        async with execution('j75'):
+            first = await agent().run('go')
+            raise KeyError('after the run')
+    assert first.usage.requests == 1
+    assert first.usage.input_tokens == 30  # summed over distinct segments, the last snapshot of a re-poll
+    async with execution('j75') as handle:
+        second = await agent().run('go')
+    assert calls['model'] == 3
+    assert handle.stats.replayed == {'model': 3}
+    assert second.usage == first.usage  # requests and tokens do not move on replay, nor in the persisted spend
+    assert second.output == first.output
