@@ -572,32 +572,25 @@ async def test_j6_b4_keys_never_alias(backend_case: BackendCase, first: str, sec
     assert held is not None and held.holder == 'holder-2'
 
 
-# -- Disk only: directories, processes, bad environments (J-8, B-2, B-7) -------------------------
-
-
-async def test_j8_second_disk_journal_object_reads_what_the_first_wrote(tmp_path: Path) -> None:
-    path = tmp_path / 'j'
-    first = DiskJournal(path)
-    await first.open()
+async def test_j8_second_journal_object_reads_and_writes_what_the_first_wrote(backend_case: BackendCase) -> None:
+    first = backend_case.journal
     await first.write_entry(KEY, '0', 0, entry({'answer': 42}))
     await first.write_record(KEY, '0', 'meta', {'v': 1, 'high_water': 1})
     await first.write_execution(KEY, {'v': 1, 'runs': ['0']})
     assert await first.acquire_lease(KEY, 'first', 60) is None
 
-    second = DiskJournal(str(path))
-    await second.open()
-    try:
-        assert await second.read_run(KEY, '0') == RunSnapshot(
-            entries={0: entry({'answer': 42})}, records={'meta': {'v': 1, 'high_water': 1}}
-        )
-        assert await second.read_execution(KEY) == {'v': 1, 'runs': ['0']}
-        held = await second.acquire_lease(KEY, 'second', 60)
-        assert held is not None and held.holder == 'first'
-        await second.write_entry(KEY, '0', 1, entry('from the second object'))
-        assert (await first.read_run(KEY, '0')).entries[1] == entry('from the second object')
-    finally:
-        await first.close()
-        await second.close()
+    second = backend_case.reopen()  # a new object over the same store, used without open()
+    assert await second.read_run(KEY, '0') == RunSnapshot(
+        entries={0: entry({'answer': 42})}, records={'meta': {'v': 1, 'high_water': 1}}
+    )
+    assert await second.read_execution(KEY) == {'v': 1, 'runs': ['0']}
+    held = await second.acquire_lease(KEY, 'second', 60)
+    assert held is not None and held.holder == 'first'
+    await second.write_entry(KEY, '0', 1, entry('from the second object'))
+    assert (await first.read_run(KEY, '0')).entries[1] == entry('from the second object')
+
+
+# -- Disk only: directories, processes, bad environments (J-8, B-2, B-7) -------------------------
 
 
 CHILD = """

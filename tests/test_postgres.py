@@ -172,7 +172,6 @@ async def test_b5_concurrent_acquires_over_separate_connections_have_one_winner(
 # -- J-6 / B-4: key namespacing ------------------------------------------------------------------
 
 
-
 async def test_b4_two_schemas_in_one_database_are_separate(pg: Pg) -> None:
     await pg.journal.write_entry(KEY, '0', 0, entry('first schema'))
     other_schema = f'{pg.schema}_b'
@@ -188,27 +187,6 @@ async def test_b4_two_schemas_in_one_database_are_separate(pg: Pg) -> None:
 
 
 # -- sharing: objects, processes, durability (B-2, B-8) ------------------------------------------
-
-
-async def test_b8_second_object_without_open_sees_what_the_first_wrote(pg: Pg) -> None:
-    first = pg.journal
-    await first.write_entry(KEY, '0', 0, entry({'answer': 42}))
-    await first.write_record(KEY, '0', 'meta', {'v': 1, 'high_water': 1})
-    await first.write_execution(KEY, {'v': 1, 'runs': ['0']})
-    assert await first.acquire_lease(KEY, 'first', 60) is None
-
-    second = pg.reopen()  # used without open(): connects lazily
-    try:
-        assert await second.read_run(KEY, '0') == RunSnapshot(
-            entries={0: entry({'answer': 42})}, records={'meta': {'v': 1, 'high_water': 1}}
-        )
-        assert await second.read_execution(KEY) == {'v': 1, 'runs': ['0']}
-        held = await second.acquire_lease(KEY, 'second', 60)
-        assert held is not None and held.holder == 'first'
-        await second.write_entry(KEY, '0', 1, entry('from the second object'))
-        assert (await first.read_run(KEY, '0')).entries[1] == entry('from the second object')
-    finally:
-        await second.close()
 
 
 CHILD = """
