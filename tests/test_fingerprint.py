@@ -53,6 +53,7 @@ from pydantic_ai_durable._fingerprint import (
     fingerprint_model_request,
     fingerprint_tool_call,
 )
+from pydantic_ai_durable._masking import SecretRegistry
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 T1 = datetime(2026, 6, 6, 12, 30, tzinfo=timezone.utc)
@@ -63,33 +64,12 @@ T1 = datetime(2026, 6, 6, 12, 30, tzinfo=timezone.utc)
 # ------------------------------------------------------------------------------------------------------
 
 
-class LocalMasker:
-    """A minimal stand-in for the secret registry: replaces registered strings inside JSON-like data."""
-
-    def __init__(self, *secrets: str) -> None:
-        self._secrets: list[str] = []
-        self._generation = 0
-        for secret in secrets:
-            self.register(secret)
-
-    def register(self, secret: str) -> None:
-        self._secrets = sorted({*self._secrets, secret}, key=len, reverse=True)
-        self._generation += 1
-
-    @property
-    def generation(self) -> int:
-        return self._generation
-
-    def mask(self, value: object) -> object:
-        if isinstance(value, str):
-            for secret in self._secrets:
-                value = value.replace(secret, '***')
-            return value
-        if isinstance(value, dict):
-            return {self.mask(key): self.mask(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [self.mask(item) for item in value]
-        return value
+def registry(*secrets: str) -> SecretRegistry:
+    """The package's own secret registry, holding `secrets`."""
+    masker = SecretRegistry()
+    for secret in secrets:
+        masker.register(secret)
+    return masker
 
 
 def history(
@@ -265,7 +245,7 @@ def test_fp3_secrets_are_masked_so_replayed_history_matches_live() -> None:
     live = history(result='token=sk-123 rows=3')
     replayed = history(result='token=*** rows=3')
     assert model_fp(live) != model_fp(replayed)
-    masker = LocalMasker('sk-123')
+    masker = registry('sk-123')
     assert model_fp(live, secrets=masker) == model_fp(replayed, secrets=masker)
 
 
@@ -955,7 +935,7 @@ def test_perf1_changed_settings_and_params_between_steps_are_seen() -> None:
 
 def test_perf1_a_newly_registered_secret_invalidates_the_running_hash() -> None:
     messages = long_history(4)
-    masker = LocalMasker('not-present')
+    masker = registry('not-present')
     fingerprinter = ModelFingerprinter(secrets=masker)
     incremental_matches(fingerprinter, messages[:5], secrets=masker)
     masker.register('q1')

@@ -34,27 +34,7 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.tools import ToolDefinition
 
 from pydantic_ai_durable._fingerprint import ModelFingerprinter, fingerprint_model_request
-
-
-class Masker:
-    def __init__(self) -> None:
-        self.secrets: list[str] = []
-        self.generation = 0
-
-    def register(self, secret: str) -> None:
-        self.secrets = sorted({*self.secrets, secret}, key=len, reverse=True)
-        self.generation += 1
-
-    def mask(self, value: object) -> object:
-        if isinstance(value, str):
-            for secret in self.secrets:
-                value = value.replace(secret, '***')
-            return value
-        if isinstance(value, dict):
-            return {self.mask(key): self.mask(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [self.mask(item) for item in value]
-        return value
+from pydantic_ai_durable._masking import SecretRegistry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +158,7 @@ def test_perf1_incremental_fingerprint_equals_from_scratch(
 ) -> None:
     for index, candidate in enumerate(param_pool):  # pool entries never compare equal to each other
         candidate.function_tools.append(ToolDefinition(name=f'pool_marker_{index}'))
-    masker = Masker()
+    masker = SecretRegistry()
     fingerprinter = ModelFingerprinter(secrets=masker)
     current: list[ModelMessage] = []
     for _ in range(data.draw(st.integers(1, 8))):
