@@ -263,7 +263,6 @@ class Run:
         self._saved: set[int] = set()
         self._error_notes: dict[int, tuple[BaseException, int]] = {}
         self._last_model_position: int | None = None
-        self.steps_claimed = 0
 
     def __repr__(self) -> str:
         return f'Run({self.attempt.key!r}, {self.key!r}, next_position={self.next_position})'
