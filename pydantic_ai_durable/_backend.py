@@ -8,6 +8,7 @@ recorded, and what the usage ledger must cancel when it replays (SPEC A-5, A-6).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 
 from pydantic_ai.durable_exec import (
@@ -34,11 +35,15 @@ if TYPE_CHECKING:
 
     from ._capability import Durable, _ActiveRun
 
-__all__ = ('DurableBackend', 'tool_is_replayable')
+__all__ = ('LIVE_RESULTS', 'DurableBackend', 'tool_is_replayable')
 
 _NO_CONFIG = RoleBasedOperationConfig[None](model=None, event=None, capability=None, tool=None)
 
 Decoder = Callable[[object], object]
+
+LIVE_RESULTS: ContextVar[list[object] | None] = ContextVar('pydantic_ai_durable.live_results', default=None)
+"""While a live model step runs: the results its body encodes, so usage is read off the live response
+instead of decoding the payload a second time (pydantic-ai decodes it once more after `execute`)."""
 
 
 def tool_is_replayable(tool: object) -> bool:
@@ -121,12 +126,18 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         ledger.record_live_model_request(had_request_credit=had_credit)  # may stop the request (U-13)
         await active.spend.request_sent(continuation=continuation)
         responses: list[ModelResponse | None] = []
+        live: list[object] = []
 
         def spent(payload: object) -> dict[str, Any]:
-            responses.append(_response_of(payload, decode))
+            # The body encodes its response last; without one (another pydantic-ai), decode the payload.
+            responses.append(_response_of(live[-1], None) if live else _response_of(payload, decode))
             return active.spend.response_received(responses[0], continuation=continuation)
 
-        payload = await run_live(step, body, spend=spent)
+        token = LIVE_RESULTS.set(live)
+        try:
+            payload = await run_live(step, body, spend=spent)
+        finally:
+            LIVE_RESULTS.reset(token)
         if responses and responses[0] is not None:
             ledger.track_chain(responses[0], params)
         return payload

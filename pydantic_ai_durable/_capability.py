@@ -6,8 +6,8 @@ import logging
 from collections.abc import Generator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.capabilities import AbstractCapability, WrapRunHandler
@@ -20,10 +20,10 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset, WrapperToolset
 
-from ._backend import DurableBackend
+from ._backend import LIVE_RESULTS, DurableBackend
 from ._errors import JournalError
 from ._execution import Execution, current_attempt
-from ._fingerprint import ModelFingerprinter
+from ._fingerprint import ModelFingerprinter, RequestPreparer
 from ._journal import Run, SimulatedCrash
 from ._leaf import JournaledToolset
 from ._ledger import ReplayUsageLedger, is_successful_tool_payload
@@ -31,6 +31,10 @@ from ._masking import SECRETS, SecretRegistry
 from ._usage import RunSpend
 from .journals import _json
 from .journals._protocol import Journal
+
+if TYPE_CHECKING:
+    from pydantic_ai.durable_exec import DurableOperationBackend
+    from pydantic_ai.durable_exec._base import _BoundModelOperations
 
 __all__ = ('Durable',)
 
@@ -61,6 +65,7 @@ class _ActiveRun:
     fingerprinter: ModelFingerprinter
     spend: RunSpend
     secrets: SecretRegistry
+    preparer: RequestPreparer = field(default_factory=RequestPreparer)
 
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)
@@ -110,6 +115,9 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         self.journal = journal
         self.secrets = secrets if secrets is not None else SECRETS
         self._request_models: dict[tuple[int, str | None], Model] = {}
+        self._backend: DurableBackend | None = None
+        self._backend_names: tuple[str | None, str | None] = (None, None)
+        self._bindings: dict[tuple[str | None, str], _BoundModelOperations] = {}
 
     def __repr__(self) -> str:
         return f'Durable(journal={self.journal!r}, name={self.name!r})'
@@ -119,7 +127,24 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         return current_attempt() is not None
 
     def get_durable_operation_backend(self) -> DurableBackend:
-        return DurableBackend(self)
+        # pydantic-ai asks for the backend, and binds the model operations, on every request; both depend
+        # only on the names below, so one backend and one binding per model serve every request.
+        names = (self.name, self.default_model_id)
+        if self._backend is None or self._backend_names != names:
+            self._backend, self._backend_names = DurableBackend(self), names
+            self._bindings.clear()
+        return self._backend
+
+    def _bind_model_operations(
+        self, backend: DurableOperationBackend[Any], *, model_id: str | None, model_name: str
+    ) -> _BoundModelOperations:
+        if self._backend is None or backend is not self._backend:
+            return super()._bind_model_operations(backend, model_id=model_id, model_name=model_name)
+        bound = self._bindings.get((model_id, model_name))
+        if bound is None:
+            bound = super()._bind_model_operations(backend, model_id=model_id, model_name=model_name)
+            self._bindings[(model_id, model_name)] = bound
+        return bound
 
     def _active_run(self) -> _ActiveRun | None:
         return (_ACTIVE_RUNS.get() or {}).get(id(self))
@@ -174,7 +199,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         step = active.run.next_position
         try:
             model = await self._request_model(model_id, ctx)
-            prepared_settings, prepared_params = model.prepare_request(settings, params)
+            prepared_settings, prepared_params = active.preparer.prepare(model, settings, params)
             identity = f'{model.system}:{model.model_name}'
         except Exception as exc:
             log.warning(
@@ -225,8 +250,11 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
             encoded = super()._encode(tp, value)
         except (ValueError, RecursionError) as exc:
             raise _not_journalable(exc) from exc
-        if tp is CallToolResult and _json.dumps(encoded) is None:
+        if tp is CallToolResult and not _json.encodable(encoded):
             raise _not_journalable(ValueError('it cannot be written as JSON text (an integer over 4300 digits?)'))
+        live = LIVE_RESULTS.get()
+        if live is not None:
+            live.append(value)
         return encoded
 
     def _wrap_leaf_toolset(self, ts: AbstractToolset[AgentDepsT]) -> WrapperToolset[AgentDepsT] | None:

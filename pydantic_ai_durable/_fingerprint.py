@@ -46,6 +46,7 @@ __all__ = (
     'VERIFY_ENV_VAR',
     'Masker',
     'ModelFingerprinter',
+    'RequestPreparer',
     'fingerprint_model_request',
     'fingerprint_tool_call',
 )
@@ -829,6 +830,41 @@ class _ParamsCache:
     def _same(self, params: ModelRequestParameters) -> bool:
         try:
             return type(params) is type(self._snapshot) and bool(params == self._snapshot)
+        except Exception:
+            return False
+
+
+class RequestPreparer:
+    """`model.prepare_request` for fingerprints, reused while its inputs stay equal (FP-2, PERF-1).
+
+    The model prepares every request again itself; the fingerprint only needs what preparing yields, and
+    comparing the inputs with the previous call's costs a small part of preparing them again. Inputs and
+    outputs are kept as deep copies, so an in-place edit of a live object can neither make it compare equal
+    to what was prepared nor change a result handed out before.
+    """
+
+    def __init__(self) -> None:
+        self._model: object = None
+        self._inputs: tuple[object, ...] | None = None
+        self._result: tuple[Any, ModelRequestParameters] | None = None
+
+    def prepare(
+        self, model: Any, settings: Mapping[str, Any] | None, params: ModelRequestParameters
+    ) -> tuple[Any, ModelRequestParameters]:
+        inputs = (settings, getattr(model, 'settings', None), params)
+        if self._model is model and self._result is not None and self._same(inputs):
+            return self._result
+        result: tuple[Any, ModelRequestParameters] = model.prepare_request(settings, params)
+        try:
+            self._inputs, self._result = copy.deepcopy((inputs, result))
+            self._model = model
+        except Exception:
+            self._model, self._inputs, self._result = None, None, None
+        return result
+
+    def _same(self, inputs: tuple[object, ...]) -> bool:
+        try:
+            return bool(inputs == self._inputs)
         except Exception:
             return False
 

@@ -9,7 +9,9 @@ already paid.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
+from decimal import Decimal
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -19,12 +21,36 @@ from pydantic_ai.usage import RequestUsage, RunUsage
 from ._journal import Run
 from ._ledger import fill_replayed_cost, subtract_usage
 
-__all__ = ('RunSpend', 'load_usage')
+__all__ = ('RunSpend', 'dump_usage', 'load_usage')
 
 log = logging.getLogger('pydantic_ai_durable')
 
 _USAGE = TypeAdapter(RunUsage)
 _RECORD = 'usage'
+
+
+_FIELDS = tuple(field.name for field in dataclasses.fields(RunUsage))
+_NUMBERS = (int, float)
+
+
+def dump_usage(usage: RunUsage) -> dict[str, Any]:
+    """`usage` as JSON data that `load_usage` reads back; a snapshot is taken on every step (U2-1).
+
+    Counters are copied as they are, which costs a fraction of pydantic's serializer; a field of any
+    other shape (a future release's) takes pydantic's own dump, so nothing is ever left out.
+    """
+    result: dict[str, Any] = {}
+    for name in _FIELDS:
+        value = getattr(usage, name)
+        if type(value) in _NUMBERS or value is None:
+            result[name] = value
+        elif type(value) is Decimal:
+            result[name] = str(value)
+        elif type(value) is dict and all(type(item) is int for item in value.values()):
+            result[name] = dict(value)
+        else:
+            return _USAGE.dump_python(usage, mode='json')  # type: ignore[no-any-return]
+    return result
 
 
 def load_usage(value: Any) -> RunUsage:
@@ -61,7 +87,7 @@ class RunSpend:
 
     def snapshot(self) -> dict[str, Any]:
         self._seq += 1
-        return {'seq': self._seq, 'usage': _USAGE.dump_python(self.total, mode='json')}
+        return {'seq': self._seq, 'usage': dump_usage(self.total)}
 
     async def request_sent(self, *, continuation: bool) -> None:
         """Count a live request and persist it before the request goes out (write-ahead).

@@ -43,6 +43,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.tools import ToolDefinition
 
 import pydantic_ai_durable._fingerprint as fp_module
@@ -50,6 +51,7 @@ from pydantic_ai_durable._fingerprint import (
     TRANSPORT_ONLY_SETTINGS,
     VERIFY_ENV_VAR,
     ModelFingerprinter,
+    RequestPreparer,
     fingerprint_model_request,
     fingerprint_tool_call,
 )
@@ -198,6 +200,49 @@ def test_fp1_empty_settings_hash_as_null() -> None:
 def test_fp2_model_identity_counts() -> None:
     assert model_fp(identity='openai:gpt-a') != model_fp(identity='openai:gpt-b')
     assert model_fp(identity='openai:gpt-a') != model_fp(identity='anthropic:gpt-a')
+
+
+class CountingModel(FunctionModel):
+    """A real FunctionModel that counts how often a request is prepared."""
+
+    prepared = 0
+
+    def prepare_request(self, model_settings: Any, model_request_parameters: ModelRequestParameters) -> Any:
+        self.prepared += 1
+        return super().prepare_request(model_settings, model_request_parameters)
+
+
+def counting_model(settings: dict[str, Any] | None = None) -> CountingModel:
+    return CountingModel(lambda messages, info: ModelResponse(parts=[TextPart('x')]), settings=settings)  # type: ignore[arg-type]
+
+
+def test_fp2_request_preparer_reuses_preparation_while_inputs_are_equal() -> None:
+    model, preparer = counting_model({'temperature': 0.5}), RequestPreparer()
+    first = preparer.prepare(model, {'seed': 1}, params())
+    again = preparer.prepare(model, {'seed': 1}, params())  # new, equal objects: no second preparation
+    assert model.prepared == 1
+    assert again == first
+    assert first[0] == {'temperature': 0.5, 'seed': 1}  # the model's own setting counts (FP-2)
+
+
+def test_fp2_request_preparer_prepares_again_when_any_input_changes() -> None:
+    model, preparer = counting_model({'temperature': 0.5}), RequestPreparer()
+    request_params, settings = params(), {'seed': 1}
+    preparer.prepare(model, settings, request_params)
+    settings['seed'] = 2  # edited in place: compared with a copy, not with itself
+    assert preparer.prepare(model, settings, request_params)[0] == {'temperature': 0.5, 'seed': 2}
+    request_params.function_tools.append(ToolDefinition(name='extra', parameters_json_schema={'type': 'object'}))
+    assert [tool.name for tool in preparer.prepare(model, settings, request_params)[1].function_tools][-1] == 'extra'
+    other = counting_model({'temperature': 0.9})  # another model: its own settings count
+    assert preparer.prepare(other, settings, request_params)[0] == {'temperature': 0.9, 'seed': 2}
+    assert (model.prepared, other.prepared) == (3, 1)
+
+
+def test_fp2_request_preparer_results_are_not_changed_by_edits_to_returned_objects() -> None:
+    model, preparer = counting_model(), RequestPreparer()
+    first_settings, _ = preparer.prepare(model, {'seed': 1}, params())
+    first_settings['seed'] = 99  # a caller editing what it got back
+    assert preparer.prepare(model, {'seed': 1}, params())[0] == {'seed': 1}
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import signal
 import subprocess
 import sys
@@ -293,14 +294,25 @@ async def test_g57_j76_u16_capability_operations_replay_without_counting_twice(n
 
 
 def test_u2_every_run_usage_field_is_persisted() -> None:
-    from pydantic_ai_durable._usage import _USAGE, load_usage
+    from pydantic_ai_durable._usage import _USAGE, dump_usage, load_usage
 
-    usage = RunUsage(requests=1, tool_calls=2, details={'reasoning': 3}, cost=Decimal('0.5'))
+    usage = RunUsage(requests=1, tool_calls=2, details={'reasoning': 3}, cost=Decimal('0.5'), audio_seconds=1.5)
     for number, field in enumerate(dataclasses.fields(RunUsage), start=10):
         if field.type in (int, 'int'):
             setattr(usage, field.name, number)
-    restored = load_usage({'usage': _USAGE.dump_python(usage, mode='json')})
-    assert restored == usage
+    assert load_usage({'usage': _USAGE.dump_python(usage, mode='json')}) == usage
+    snapshot = dump_usage(usage)
+    assert json.loads(json.dumps(snapshot)) == snapshot  # plain JSON data
+    assert load_usage({'usage': snapshot}) == usage
+    assert load_usage({'usage': dump_usage(RunUsage())}) == RunUsage()
+
+
+def test_u2_usage_snapshot_of_an_unexpected_shape_uses_pydantics_dump() -> None:
+    from pydantic_ai_durable._usage import _USAGE, dump_usage
+
+    usage = RunUsage(requests=1, details={'reasoning': 3})
+    usage.details = {'reasoning': True}  # not the int counters the fast copy knows
+    assert dump_usage(usage) == _USAGE.dump_python(usage, mode='json')
 
 
 def test_asyncio_is_available() -> None:

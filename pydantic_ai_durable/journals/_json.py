@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ('dumps', 'loads')
+__all__ = ('dumps', 'encodable', 'loads')
 
 
 def dumps(value: object) -> str | None:
@@ -19,6 +19,39 @@ def dumps(value: object) -> str | None:
         return json.dumps(value, separators=(',', ':'), ensure_ascii=True)
     except (TypeError, ValueError, RecursionError, OverflowError):
         return None
+
+
+_LEAVES = frozenset({str, float, bool, type(None)})
+_SHALLOW = 64
+"""Nesting depth up to which `encodable` decides by itself; deeper values are tried with `dumps`."""
+_SAFE_BITS = 14_000
+"""Integers up to this many bits always have fewer than the 4,300 digits `str(int)` accepts by default."""
+
+
+def encodable(value: object) -> bool:
+    """Whether `dumps(value)` would succeed, without building the text for the common case.
+
+    Results are already JSON data when this is asked, so the only usual failure is an integer too
+    long for `str()`; anything unusual (other types, deep nesting, huge integers) gets the real `dumps`.
+    """
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        kind = type(node)
+        if kind in _LEAVES:
+            continue
+        if kind is int:
+            if node.bit_length() <= _SAFE_BITS:  # type: ignore[attr-defined]
+                continue
+        elif depth < _SHALLOW and kind is dict:
+            if all(type(key) is str for key in node):  # type: ignore[attr-defined]
+                stack.extend((item, depth + 1) for item in node.values())  # type: ignore[attr-defined]
+                continue
+        elif depth < _SHALLOW and (kind is list or kind is tuple):
+            stack.extend((item, depth + 1) for item in node)  # type: ignore[attr-defined]
+            continue
+        return dumps(value) is not None
+    return True
 
 
 def loads(text: object) -> Any:
