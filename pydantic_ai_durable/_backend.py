@@ -60,7 +60,12 @@ class DurableBackend(JournalCallableOperationBackend[None]):
     def __init__(self, capability: Durable[Any]) -> None:
         super().__init__(agent_name=capability.name, default_model_id=capability.default_model_id, config=_NO_CONFIG)
         self._capability = capability
+        self._names = (capability.name, capability.default_model_id)
         self._decoders: dict[DurableOperationId, Decoder] = {}
+
+    def serves(self, capability: Durable[Any]) -> bool:
+        """Whether this backend dispatches for `capability` under its current names (operation names use them)."""
+        return capability is self._capability and (capability.name, capability.default_model_id) == self._names
 
     def bind(self, operation: DurableOperation[Any, Any, Any]) -> BoundDurableOperation[Any, Any, Any]:
         # pydantic-ai decodes a payload only after `execute` returns, too late to fall back to a live

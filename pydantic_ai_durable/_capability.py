@@ -116,7 +116,6 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         self.secrets = secrets if secrets is not None else SECRETS
         self._request_models: dict[tuple[int, str | None], Model] = {}
         self._backend: DurableBackend | None = None
-        self._backend_names: tuple[str | None, str | None] = (None, None)
         self._bindings: dict[tuple[str | None, str], _BoundModelOperations] = {}
 
     def __repr__(self) -> str:
@@ -129,11 +128,13 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
     def get_durable_operation_backend(self) -> DurableBackend:
         # pydantic-ai asks for the backend, and binds the model operations, on every request; both depend
         # only on the names below, so one backend and one binding per model serve every request.
-        names = (self.name, self.default_model_id)
-        if self._backend is None or self._backend_names != names:
-            self._backend, self._backend_names = DurableBackend(self), names
-            self._bindings.clear()
-        return self._backend
+        # pydantic-ai binds a shallow copy per agent, so a backend (and its bindings) made for another copy
+        # is never reused: each belongs to the capability object it dispatches for.
+        backend = self._backend
+        if backend is None or not backend.serves(self):
+            backend = self._backend = DurableBackend(self)
+            self._bindings = {}
+        return backend
 
     def _bind_model_operations(
         self, backend: DurableOperationBackend[Any], *, model_id: str | None, model_name: str

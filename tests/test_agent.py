@@ -654,3 +654,57 @@ def scripted_agent(journal: Journal, calls: Calls, model: ScriptedModel) -> Agen
         return '3 rows'
 
     return Agent(model, name='scripted', toolsets=[FunctionToolset([query], id='db')], capabilities=[Durable(journal)])
+
+
+async def test_model_operations_are_bound_once_per_model_not_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic_ai.durable_exec import BaseDurabilityCapability
+
+    bindings: list[str | None] = []
+    original = BaseDurabilityCapability._bind_model_operations
+
+    def counting(self: Any, backend: Any, *, model_id: str | None, model_name: str) -> Any:
+        bindings.append(model_name)
+        return original(self, backend, model_id=model_id, model_name=model_name)
+
+    monkeypatch.setattr(BaseDurabilityCapability, '_bind_model_operations', counting)
+    calls, journal = Calls(), MemoryJournal()
+    agent = five_turn_agent(journal, calls, broken=False)
+    durable = next(cap for cap in agent.root_capability.capabilities if isinstance(cap, Durable))
+    async with execution('bound-once', cleanup='never'):
+        first = await agent.run('go')
+    async with execution('bound-once') as handle:  # replays through the same bound operations
+        second = await agent.run('go')
+    assert first.output == second.output == 'done 1,done 2,done 3,done 4,done 5'
+    assert calls['model'] == 6 and handle.stats.replayed['model'] == 6
+    assert bindings == ['five']
+    backend = durable.get_durable_operation_backend()
+    assert durable.get_durable_operation_backend() is backend
+    durable.name = 'renamed'  # the names an operation is journaled under changed: a new backend
+    assert durable.get_durable_operation_backend() is not backend
+
+
+async def test_one_durable_instance_in_two_agents_journals_each_agent_under_its_own_name() -> None:
+    journal, durable = MemoryJournal(), Durable(MemoryJournal())
+    calls = {'alpha': Calls(), 'beta': Calls()}
+
+    def build(name: str) -> Agent[None, str]:
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            calls[name].hit('model')
+            if responses(messages) == 0:
+                return ModelResponse(parts=[ToolCallPart('step', {'n': 1}, tool_call_id='c1')])
+            return ModelResponse(parts=[TextPart(f'{name} done')])
+
+        def step(n: int) -> str:
+            calls[name].hit('tool')
+            return f'{name} {n}'
+
+        return Agent(FunctionModel(model), name=name, toolsets=[FunctionToolset([step], id='steps')], capabilities=[durable])
+
+    alpha, beta = build('alpha'), build('beta')
+    for attempt in range(2):
+        async with execution('shared-capability', journal=journal, cleanup='never') as handle:
+            assert (await alpha.run('go')).output == 'alpha done'
+            assert (await beta.run('go')).output == 'beta done'
+        if attempt:
+            assert handle.stats.replayed['model'] == 4 and handle.stats.replayed['tool'] == 2
+    assert {name: (c['model'], c['tool']) for name, c in calls.items()} == {'alpha': (2, 1), 'beta': (2, 1)}

@@ -358,3 +358,39 @@ def test_t6_valid_payloads_decode_and_invalid_ones_do_not() -> None:
             assert is_replayable_payload(payload), payload
         else:
             assert is_replayable_payload(payload), payload
+
+
+def _nested(depth: int) -> list[Any]:
+    outer: list[Any] = []
+    current = outer
+    for _ in range(depth):
+        inner: list[Any] = []
+        current.append(inner)
+        current = inner
+    return outer
+
+
+@pytest.mark.parametrize(
+    'value',
+    [
+        'text',
+        None,
+        1.5,
+        float('nan'),
+        [1, {'a': [2, 3, True]}, ('x', 4)],
+        10**4000,
+        10**5000,
+        {'rows': [1, 2, 10**5000]},
+        {1: 'non-string key'},
+        {10**5000: 'huge key'},
+        {'set': {1, 2}},
+        object(),
+        _nested(50),
+        _nested(5000),
+    ],
+    ids=lambda value: type(value).__name__,
+)
+def test_t4_encodable_agrees_with_writing_the_json_text(value: Any) -> None:
+    from pydantic_ai_durable.journals import _json
+
+    assert _json.encodable(value) is (_json.dumps(value) is not None)
