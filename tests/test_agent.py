@@ -698,7 +698,9 @@ async def test_one_durable_instance_in_two_agents_journals_each_agent_under_its_
             calls[name].hit('tool')
             return f'{name} {n}'
 
-        return Agent(FunctionModel(model), name=name, toolsets=[FunctionToolset([step], id='steps')], capabilities=[durable])
+        return Agent(
+            FunctionModel(model), name=name, toolsets=[FunctionToolset([step], id='steps')], capabilities=[durable]
+        )
 
     alpha, beta = build('alpha'), build('beta')
     for attempt in range(2):
