@@ -3,14 +3,15 @@
 Runs the bare agent and the same agent with `Durable` on `MemoryJournal`, on `DiskJournal` (record,
 then replay), on Postgres when `PYDANTIC_AI_DURABLE_PG_DSN` is set, and the reference design when it
 is importable, interleaved in one process; prints the median wall time of each as a ratio to the bare
-agent, the time added per step, and the memory allocated per step (tracemalloc).
+agent, the time added per round trip, the memory allocated per round trip (tracemalloc), how many
+backend reads a resumed run made, and each SPEC PERF target next to its measured figure.
 
-    python benchmarks/agent_overhead.py            # N = 50 and 200, about a minute and a half
-    python benchmarks/agent_overhead.py --full     # also N = 1000, one sample each (several minutes)
+    python benchmarks/agent_overhead.py            # N = 50, 200 (5 samples) and 1000 (1 sample), ~2 minutes
+    python benchmarks/agent_overhead.py --quick    # N = 50 and 200 only, under a minute
 
-pydantic-ai's own agent loop is quadratic in the history (the bare agent takes about 65 s at N = 1000
-here), so N = 1000 is opt-in. The row "durable layer only" is `Durable` inside an execution with every
-operation passed straight through: what pydantic-ai's durable machinery costs before any journaling.
+The row "durable layer only" is `Durable` inside an execution with every operation passed straight
+through: what pydantic-ai's durable machinery costs before any journaling. pydantic-ai's own agent loop
+grows with the history (the bare agent takes about 11 s at N = 1000 here), so N = 1000 runs once.
 """
 
 from __future__ import annotations
@@ -123,7 +124,18 @@ async def memory_per_step(steps: int, run: Callable[[], Awaitable[float]]) -> fl
     return peak / steps
 
 
-async def measure(steps: int, samples: int, root: Path) -> list[tuple[str, float | None, str]]:
+class CountingDiskJournal(DiskJournal):
+    """A `DiskJournal` that counts how often a run's entries are read (PERF-3: once per resumed run)."""
+
+    reads = 0
+
+    async def read_run(self, key: str, run: str) -> Any:
+        CountingDiskJournal.reads += 1
+        return await super().read_run(key, run)
+
+
+async def measure(steps: int, samples: int, root: Path) -> dict[str, float]:
+    """Median wall time per configuration, every configuration run once per sample, in turn."""
     rows: dict[str, list[float]] = {
         'bare': [],
         'durable layer only': [],
@@ -147,42 +159,70 @@ async def measure(steps: int, samples: int, root: Path) -> list[tuple[str, float
             key = f'bench-{steps}-{sample}-{os.getpid()}'
             rows.setdefault('postgres (record)', []).append(await run_durable(steps, journal, key))
             rows.setdefault('postgres (replay)', []).append(await run_durable(steps, journal, key, cleanup='execution'))
-    bare = statistics.median(rows['bare'])
-    result = []
-    for name, times in rows.items():
-        value = statistics.median(times)
-        result.append((name, value, f'{value / bare:5.2f}x  {1000 * (value - bare) / steps:+7.3f} ms/step'))
-    if not pg_dsn:
-        result.append(('postgres', None, 'not run: set PYDANTIC_AI_DURABLE_PG_DSN'))
+    return {name: statistics.median(times) for name, times in rows.items()}
+
+
+def added_per_step(medians: dict[str, float], name: str, steps: int) -> float:
+    """Milliseconds a configuration adds to the bare agent per round trip."""
+    return 1000 * (medians[name] - medians['bare']) / steps
+
+
+def print_table(steps: int, medians: dict[str, float]) -> None:
+    bare = medians['bare']
+    for name, value in medians.items():
+        ratio = f'{value / bare:5.2f}x  {added_per_step(medians, name, steps):+7.3f} ms/round trip'
+        print(f'{steps:>5}  {name:<20} {value:9.3f}  {ratio}')
+    if 'postgres (record)' not in medians:
+        print(f'{steps:>5}  {"postgres":<20} {"":9}  not run: set PYDANTIC_AI_DURABLE_PG_DSN')
     if not reference_available():
-        result.append(('reference design', None, 'not run: apache-airflow-providers-common-ai is not importable'))
-    return result
+        why = 'not run: apache-airflow-providers-common-ai is not importable'
+        print(f'{steps:>5}  {"reference design":<20} {"":9}  {why}')
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--full', action='store_true', help='also N = 1000 (one sample each, several minutes)')
-    parser.add_argument('--samples', type=int, default=5)
+    parser.add_argument('--quick', action='store_true', help='skip N = 1000')
+    parser.add_argument('--samples', type=int, default=5, help='samples per configuration at N = 50 and 200')
     args = parser.parse_args()
-    sizes = [50, 200, 1000] if args.full else [50, 200]
+    sizes = [50, 200] if args.quick else [50, 200, 1000]
     root = Path(tempfile.mkdtemp(prefix='durable-bench-'))
+    results: dict[int, dict[str, float]] = {}
     try:
         await run_bare(5)
         await run_durable(5, MemoryJournal(), 'warm-up')
         print(f'{"N":>5}  {"configuration":<20} {"median s":>9}  ratio to bare, added time')
         for steps in sizes:
-            samples = args.samples if steps < 1000 else 1
-            for name, value, text in await measure(steps, samples, root):
-                shown = f'{value:9.3f}' if value is not None else ' ' * 9
-                print(f'{steps:>5}  {name:<20} {shown}  {text}')
+            results[steps] = await measure(steps, args.samples if steps < 1000 else 1, root)
+            print_table(steps, results[steps])
+
         steps = 200
-        bare_mem = await memory_per_step(steps, lambda: run_bare(steps))
         directory = root / 'mem'
+        bare_mem = await memory_per_step(steps, lambda: run_bare(steps))
         disk_mem = await memory_per_step(steps, lambda: run_durable(steps, DiskJournal(directory), 'mem'))
-        replay_mem = await memory_per_step(steps, lambda: run_durable(steps, DiskJournal(directory), 'mem'))
+        CountingDiskJournal.reads = 0
+        replay_mem = await memory_per_step(steps, lambda: run_durable(steps, CountingDiskJournal(directory), 'mem'))
         print(
-            f'\npeak memory per step at N={steps} (tracemalloc): bare {bare_mem / 1024:.1f} KiB, '
+            f'\npeak memory per round trip at N={steps} (tracemalloc): bare {bare_mem / 1024:.1f} KiB, '
             f'disk record {disk_mem / 1024:.1f} KiB, disk replay {replay_mem / 1024:.1f} KiB'
+        )
+
+        at200 = results[200]
+        record, replay = at200['disk (record)'] / at200['bare'], at200['disk (replay)'] / at200['bare']
+        print('\nSPEC targets (measured in this run):')
+        print(f'  PERF-2 record on disk at N=200: {record:.2f}x bare (target <= 1.30x)')
+        print(f'  PERF-2 replay from disk at N=200: {replay:.2f}x bare (target <= 1.20x)')
+        if 1000 in results:
+            small = added_per_step(at200, 'disk (record)', 200)
+            large = added_per_step(results[1000], 'disk (record)', 1000)
+            print(
+                f'  PERF-2 added time per round trip, disk record: {small:.3f} ms at N=200, {large:.3f} ms at N=1000 '
+                f'({100 * (large / small - 1):+.0f}%, target within 10%; one sample at N=1000)'
+            )
+        reads = CountingDiskJournal.reads
+        print(f'  PERF-3 backend reads by the resumed run of {2 * steps + 1} steps: {reads} (target: one)')
+        print(
+            f'  PERF-3 memory the journal adds per round trip: {(disk_mem - bare_mem) / 1024:.1f} KiB recording, '
+            f'{(replay_mem - bare_mem) / 1024:.1f} KiB replaying (target: one entry, not the history)'
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
