@@ -649,6 +649,7 @@ async def test_j8_disk_store_never_evicts_and_keeps_values_inside_sqlite(tmp_pat
 
     with diskcache.Cache(str(path)) as cache:  # settings persist in the directory
         assert cache.eviction_policy == 'none'
+        assert cache.cull_limit == 0  # no expiry query on every write: nothing here ever expires
         assert cache.get(f'{execution_id(KEY)}/e/0/0') is not None
     side_files = [p for p in path.rglob('*') if p.is_file() and not p.name.startswith('cache.db')]
     assert side_files == []  # diskcache never fsyncs side files (B-2)

@@ -111,6 +111,7 @@ class DiskJournal:
                 str(self.path),
                 synchronous=_SYNCHRONOUS[self.durability],
                 eviction_policy='none',
+                cull_limit=0,  # nothing expires or is evicted, so skip diskcache's expiry query on every write
                 disk_min_file_size=_INLINE,
                 timeout=60,
             )
