@@ -24,7 +24,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import RunContext
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
-from pydantic_ai_durable import Durable, Journal, execution
+from pydantic_ai_durable import Durable, Journal, MemoryJournal, execution
 
 
 def tokens_model(calls: Calls, *, turns: int, crash_at_turn: int | None = None, name: str = 'tokens') -> FunctionModel:
@@ -359,3 +359,26 @@ async def test_j75_u5_u12_continuation_chains_count_once_and_replay_for_free(new
     assert handle.stats.replayed == {'model': 3}
     assert second.usage == first.usage  # requests and tokens do not move on replay, nor in the persisted spend
     assert second.output == first.output
+
+
+async def test_u2_live_response_usage_is_read_off_the_response_not_a_second_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pydantic_ai.durable_exec import JSON_CODEC
+
+    decoded: list[object] = []
+    original = type(JSON_CODEC).load
+
+    def counting(self: Any, tp: Any, payload: Any) -> Any:
+        if tp is ModelResponse:
+            decoded.append(payload)
+        return original(self, tp, payload)
+
+    monkeypatch.setattr(type(JSON_CODEC), 'load', counting)
+    calls = Calls()
+    async with execution('u2-live-usage', journal=MemoryJournal()) as handle:
+        result = await two_step_agent(MemoryJournal(), calls).run('q')
+    assert calls['model'] == 2
+    assert len(decoded) == 2  # pydantic-ai's own decode of each payload, nothing more
+    assert handle.usage.attempt.requests == result.usage.requests == 2
+    assert handle.usage.attempt.input_tokens == result.usage.input_tokens > 0
