@@ -26,11 +26,11 @@ import math
 import operator
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, cast
 from uuid import UUID
 
 from pydantic import ConfigDict, TypeAdapter
@@ -52,6 +52,8 @@ __all__ = (
 )
 
 log = logging.getLogger('pydantic_ai_durable')
+
+_T = TypeVar('_T')
 
 VERIFY_ENV_VAR = 'PYDANTIC_AI_DURABLE_VERIFY_FINGERPRINTS'
 """Set to `1` to make `ModelFingerprinter` check every incremental digest against the from-scratch one."""
@@ -804,69 +806,69 @@ def _verify_enabled() -> bool:
     return os.environ.get(VERIFY_ENV_VAR, '') == '1'
 
 
+class _LastResult(Generic[_T]):
+    """The previous call's result, handed out again while the next call's inputs are `==` to its inputs.
+
+    Inputs and result are kept as deep copies, so an in-place edit of a live object can neither make it
+    compare equal to what was computed nor change a result handed out before. Inputs that cannot be
+    copied or compared are simply computed every time.
+    """
+
+    def __init__(self) -> None:
+        self._held = False
+        self._inputs: object = None
+        self._result: _T | None = None
+
+    def get(self, inputs: object, compute: Callable[[], _T]) -> _T:
+        if self._held and self._same(inputs):
+            return cast(_T, self._result)
+        result = compute()
+        try:
+            self._inputs, self._result = copy.deepcopy((inputs, result))
+            self._held = True
+        except Exception:
+            self._held, self._inputs, self._result = False, None, None
+        return result
+
+    def _same(self, inputs: object) -> bool:
+        try:
+            return bool(inputs == self._inputs)
+        except Exception:
+            return False
+
+
 class _ParamsCache:
     """The last parameters' canonical text, reused while the next call's parameters are `==` to them.
 
     pydantic-ai builds a new `ModelRequestParameters` for every request, usually with the same content,
-    and rendering tool schemas costs more than a step's new messages. The comparison is with a deep copy,
-    so editing the live object in place cannot make it compare equal to what was rendered.
+    and rendering tool schemas costs more than a step's new messages.
     """
 
     def __init__(self) -> None:
-        self._snapshot: ModelRequestParameters | None = None
-        self._text = ''
+        self._last = _LastResult[str]()
 
     def text(self, params: ModelRequestParameters) -> str:
-        if self._snapshot is not None and self._same(params):
-            return self._text
-        text = _params_text(params)
-        try:
-            self._snapshot = copy.deepcopy(params)
-            self._text = text
-        except Exception:
-            self._snapshot = None
-        return text
-
-    def _same(self, params: ModelRequestParameters) -> bool:
-        try:
-            return type(params) is type(self._snapshot) and bool(params == self._snapshot)
-        except Exception:
-            return False
+        return self._last.get((type(params), params), lambda: _params_text(params))
 
 
 class RequestPreparer:
     """`model.prepare_request` for fingerprints, reused while its inputs stay equal (FP-2, PERF-1).
 
     The model prepares every request again itself; the fingerprint only needs what preparing yields, and
-    comparing the inputs with the previous call's costs a small part of preparing them again. Inputs and
-    outputs are kept as deep copies, so an in-place edit of a live object can neither make it compare equal
-    to what was prepared nor change a result handed out before.
+    comparing the inputs with the previous call's costs a small part of preparing them again.
     """
 
     def __init__(self) -> None:
         self._model: object = None
-        self._inputs: tuple[object, ...] | None = None
-        self._result: tuple[Any, ModelRequestParameters] | None = None
+        self._last = _LastResult[tuple[Any, ModelRequestParameters]]()
 
     def prepare(
         self, model: Any, settings: Mapping[str, Any] | None, params: ModelRequestParameters
     ) -> tuple[Any, ModelRequestParameters]:
+        if model is not self._model:
+            self._model, self._last = model, _LastResult()
         inputs = (settings, getattr(model, 'settings', None), params)
-        if self._model is model and self._result is not None and self._same(inputs):
-            return self._result
-        result: tuple[Any, ModelRequestParameters] = model.prepare_request(settings, params)
-        try:
-            self._inputs, self._result = copy.deepcopy((inputs, result))
-            self._model = model
-        except Exception:
-            self._model, self._inputs, self._result = None, None, None
-        return result
-
-    def _same(self, inputs: tuple[object, ...]) -> bool:
-        try:
-            return bool(inputs == self._inputs)
-        except Exception:
-            return False
+        return self._last.get(inputs, lambda: model.prepare_request(settings, params))
 
 
 class ModelFingerprinter:
