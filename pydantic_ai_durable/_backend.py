@@ -30,6 +30,7 @@ from ._journal import Step
 from ._ledger import is_successful_tool_payload
 
 if TYPE_CHECKING:
+    from pydantic_ai.durable_exec._base import _BoundModelOperations
     from pydantic_ai.durable_exec._operation import DurableOperation
     from pydantic_ai.durable_exec._operation_backend import BoundDurableOperation
 
@@ -62,6 +63,8 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         self._capability = capability
         self._names = (capability.name, capability.default_model_id)
         self._decoders: dict[DurableOperationId, Decoder] = {}
+        self.model_bindings: dict[tuple[str | None, str], _BoundModelOperations] = {}
+        """The capability's model operations bound to this backend, per (model id, model name)."""
 
     def serves(self, capability: Durable[Any]) -> bool:
         """Whether this backend dispatches for `capability` under its current names (operation names use them)."""

@@ -116,7 +116,6 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         self.secrets = secrets if secrets is not None else SECRETS
         self._request_models: dict[tuple[int, str | None], Model] = {}
         self._backend: DurableBackend | None = None
-        self._bindings: dict[tuple[str | None, str], _BoundModelOperations] = {}
 
     def __repr__(self) -> str:
         return f'Durable(journal={self.journal!r}, name={self.name!r})'
@@ -133,18 +132,19 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         backend = self._backend
         if backend is None or not backend.serves(self):
             backend = self._backend = DurableBackend(self)
-            self._bindings = {}
         return backend
 
     def _bind_model_operations(
         self, backend: DurableOperationBackend[Any], *, model_id: str | None, model_name: str
     ) -> _BoundModelOperations:
-        if self._backend is None or backend is not self._backend:
+        if not isinstance(backend, DurableBackend) or not backend.serves(self):
             return super()._bind_model_operations(backend, model_id=model_id, model_name=model_name)
-        bound = self._bindings.get((model_id, model_name))
+        key = (model_id, model_name)
+        bound = backend.model_bindings.get(key)
         if bound is None:
-            bound = super()._bind_model_operations(backend, model_id=model_id, model_name=model_name)
-            self._bindings[(model_id, model_name)] = bound
+            bound = backend.model_bindings[key] = super()._bind_model_operations(
+                backend, model_id=model_id, model_name=model_name
+            )
         return bound
 
     def _active_run(self) -> _ActiveRun | None:
