@@ -10,7 +10,7 @@ async with execution('order-42'):
 
 from typing import TYPE_CHECKING, Any
 
-from ._errors import DurableError, ExecutionBusy, JournalError, JournalUnavailable
+from ._errors import DurableError, ExecutionBusy, JournalError, JournalUnavailable, LeaseLost
 from ._journal import Stats
 from .journals import DiskJournal, ExecutionInfo, Journal, MemoryJournal, PostgresJournal
 
@@ -53,6 +53,7 @@ __all__ = (
     'Journal',
     'JournalError',
     'JournalUnavailable',
+    'LeaseLost',
     'MemoryJournal',
     'PostgresJournal',
     'SecretRegistry',

@@ -25,6 +25,7 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
+from ._errors import ResultNotJournalable
 from ._fingerprint import fingerprint_tool_call
 from ._journal import Step
 from ._ledger import is_successful_tool_payload
@@ -211,16 +212,19 @@ async def run_live(
     """Run a step's body and record what it returned.
 
     The body runs under `step.executing()` so agent runs it starts nest under it (R-4); a body that
-    raises records nothing and leaves a note for the run's failure fence (W-5). `spend` counts what the
-    step cost and gives the snapshot stored with its entry (U2-1).
+    raises records nothing and leaves a note for the run's failure fence (W-5), except a result that
+    cannot be journaled, which leaves a fence at its position (JF-5). `spend` counts what the step
+    cost and gives the snapshot stored with its entry (U2-1).
     """
+    await step.start()  # stops here if the attempt lost its lease or its journal (B-10, JF-2)
     try:
-        step.reached('before_body')
         with step.executing():
             payload = await body()
         step.reached('after_body')
     except BaseException as exc:
         step.failed(exc)
+        if isinstance(exc, ResultNotJournalable) and exc.step is step:
+            await step.run.fence(step, exc)  # it ran: a retry must not repeat it silently (JF-5)
         raise
     await step.record(payload, to_record=to_record, spend=spend(payload) if spend is not None else None)
     step.reached('after_record')

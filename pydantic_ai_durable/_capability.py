@@ -21,13 +21,14 @@ from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset, WrapperToolset
 
 from ._backend import LIVE_RESULTS, DurableBackend
-from ._errors import JournalError
+from ._errors import JournalError, ResultNotJournalable
 from ._execution import Execution, current_attempt
 from ._fingerprint import ModelFingerprinter, RequestPreparer
-from ._journal import Run, SimulatedCrash
+from ._journal import Run, SimulatedCrash, current_step
 from ._leaf import JournaledToolset
 from ._ledger import ReplayUsageLedger, is_successful_tool_payload
 from ._masking import SECRETS, SecretRegistry
+from ._payloads import why_not_journalable
 from ._usage import RunSpend
 from .journals import _json
 from .journals._protocol import Journal
@@ -42,9 +43,11 @@ log = logging.getLogger('pydantic_ai_durable')
 
 
 def _not_journalable(error: Exception) -> BaseException:
-    return JournalError(
-        f'A result is not JSON-serializable, so it cannot be journaled: {error}. This error is not retryable: '
-        'return JSON-compatible data (dicts, lists, strings, numbers, pydantic models, dataclasses) instead.'
+    return ResultNotJournalable(
+        f'A result is not JSON-serializable, so it cannot be journaled: {why_not_journalable(error)}. This error '
+        'is not retryable: return JSON-compatible data (dicts, lists, strings, numbers, pydantic models, '
+        'dataclasses) instead.',
+        step=current_step(),
     )
 
 
@@ -276,4 +279,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         except JournalError as exc:
             if f'tool {tool_name!r}' in str(exc):
                 raise
-            raise JournalError(f'The result of tool {tool_name!r} cannot be journaled. {exc}') from exc
+            message = f'The result of tool {tool_name!r} cannot be journaled. {exc}'
+            if isinstance(exc, ResultNotJournalable):
+                raise ResultNotJournalable(message, step=exc.step) from exc
+            raise JournalError(message) from exc

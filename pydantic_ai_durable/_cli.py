@@ -28,7 +28,7 @@ import diskcache  # type: ignore[import-untyped]
 from ._errors import JournalUnavailable
 from ._journal import _latest_spend, _Meta, _parse_entry
 from .journals import _json
-from .journals._common import status_of
+from .journals._common import delete_under_lease, status_of
 from .journals._protocol import Journal, RunSnapshot
 from .journals.disk import DiskJournal, default_directory
 
@@ -287,7 +287,7 @@ async def _find(journal: Journal, key: str) -> _Found | None:
     info = next((item for item in await journal.list_executions() if item.key == key), None)
     if record is None and info is None:
         return None
-    status = info.status if info is not None else status_of(record, None)
+    status = info.status if info is not None else status_of(record, leased=False)
     updated = _epoch(info.updated) if info is not None else _epoch((record or {}).get('updated'))
     listed = (record or {}).get('runs')
     names = sorted({run for run in listed if isinstance(run, str)} if isinstance(listed, list) else (), key=run_order)
@@ -590,13 +590,16 @@ def _delete(target: _Target, key: str, *, force: bool, as_json: bool) -> int:
         found = await _find(journal, key)
         if found is None:
             return None
+        running = _Failure(
+            f'execution {_quote(key)} is running (a live attempt holds its lease); '
+            'stop it first, or pass --force to delete it anyway (that attempt then stops at its next step)'
+        )
         if found.status == 'running' and not force:
-            raise _Failure(
-                f'execution {_quote(key)} is running (a live attempt holds its lease); '
-                'stop it first, or pass --force to delete it anyway'
-            )
-        await journal.open()  # a read-only or unreachable store says so here; delete_execution never raises
-        await journal.delete_execution(key)
+            raise running
+        await journal.open()  # a read-only or unreachable store says so here
+        # The lease is taken first (a new epoch), so the attempt that held it can write nothing more (B-13).
+        if await delete_under_lease(journal, key, force=force) is not None:
+            raise running
         left = [bool((await journal.read_run(key, run)).entries) for run, _ in found.runs]
         if await journal.read_execution(key) is not None or any(left):
             raise _Failure(f'execution {_quote(key)} in {target.label} could not be deleted')

@@ -6,7 +6,7 @@ can tell a journal problem (retrying will not help) from an ordinary failure of 
 
 from __future__ import annotations
 
-__all__ = ('DurableError', 'ExecutionBusy', 'JournalError', 'JournalUnavailable')
+__all__ = ('DurableError', 'ExecutionBusy', 'JournalError', 'JournalUnavailable', 'LeaseLost')
 
 
 class DurableError(Exception):
@@ -21,11 +21,25 @@ class JournalError(DurableError):
     """
 
 
-class JournalUnavailable(DurableError):
-    """The journal backend cannot be opened or written.
+class ResultNotJournalable(JournalError):
+    """The result of a step that already ran cannot be journaled (not JSON, nested too deeply, ...).
 
-    Raised when an execution starts, before any model is called, so no money is spent on an
-    attempt whose steps could not be recorded.
+    Its side effect happened, so the journal keeps a fence at that step's position: a retry stops
+    there instead of silently running it again (JF-5). `step` is the journal step whose body produced
+    the result, so an outer step whose body merely saw the error pass by is not fenced as well.
+    """
+
+    def __init__(self, message: str, *, step: object = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class JournalUnavailable(DurableError):
+    """The journal backend cannot be opened, read or written; retrying later may succeed.
+
+    Raised when an execution starts, before any model is called, and in the middle of a run when a
+    read or write still fails after retrying: the attempt then stops before the next step's body, so
+    no side effect ever follows a step whose record was not acknowledged.
     """
 
 
@@ -46,4 +60,26 @@ class ExecutionBusy(DurableError):
         super().__init__(
             f'Execution {key!r} is held by another live attempt ({holder}) until {when}. '
             'Wait for it to finish, or stop it; a holder that died is taken over automatically.'
+        )
+
+
+class LeaseLost(DurableError):
+    """This attempt no longer holds its execution: another attempt took it over, or it was deleted.
+
+    Raised instead of writing (a stale attempt's write is refused by the store) and before the next
+    step's body, so an attempt that lost its lease never runs a model request or a tool again and
+    never overwrites what the new holder records.
+    """
+
+    def __init__(self, key: str, *, holder: str | None, reason: str | None = None) -> None:
+        self.key = key
+        self.holder = holder
+        """The attempt that holds the execution now, or `None` when nobody does (deleted, pruned)."""
+        self.reason = reason
+        if reason is None:
+            reason = f'another attempt ({holder}) took it over' if holder else 'its lease is gone (deleted or pruned)'
+        super().__init__(
+            f'Execution {key!r} lost its lease: {reason}. This attempt stopped before its next step and wrote '
+            'nothing more; the holder of the lease goes on with the execution. Do not retry this attempt while '
+            'that one runs; if the other attempt died, retrying resumes from what was recorded.'
         )

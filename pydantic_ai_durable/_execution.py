@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic_ai.usage import RunUsage
 
-from ._journal import Attempt, CleanupMode, Stats
+from ._journal import Attempt, CleanupMode, Stats, WriteErrorMode
 from ._usage import RunSpend
 from .journals._protocol import Journal
 from .journals.disk import DiskJournal, default_directory
@@ -101,6 +101,13 @@ class execution:
     `JournalUnavailable` before any model is called; otherwise each agent's journal is opened when its
     first run starts. On exit without an exception the execution's entries are deleted (`cleanup=
     "execution"`, the default); `"run"` deletes each run as it succeeds, `"never"` keeps everything.
+
+    A journal write that fails is retried for `write_timeout` seconds (default: a third of `lease_ttl`);
+    if it still fails the attempt stops with `JournalUnavailable` before its next step, so nothing runs
+    after a step whose record was lost. `on_write_error="continue"` instead reports the step as not
+    recorded and goes on (a retry then runs it, and possibly the steps after it, again). A step whose
+    result could not be journaled stops every later attempt at its position unless
+    `rerun_unjournalable=True` (its side effect already ran once).
     """
 
     def __init__(
@@ -110,9 +117,19 @@ class execution:
         journal: Journal | None = None,
         cleanup: CleanupMode = 'execution',
         lease_ttl: float = 30.0,
+        write_timeout: float | None = None,
+        on_write_error: WriteErrorMode = 'stop',
+        rerun_unjournalable: bool = False,
     ) -> None:
         self._attempt = Attempt(
-            key, journal=journal, default_journal=_default_journal, cleanup=cleanup, lease_ttl=lease_ttl
+            key,
+            journal=journal,
+            default_journal=_default_journal,
+            cleanup=cleanup,
+            lease_ttl=lease_ttl,
+            write_timeout=write_timeout,
+            on_write_error=on_write_error,
+            rerun_unjournalable=rerun_unjournalable,
         )
         self._handle = Execution(self._attempt)
         self._attempt.handle = self._handle

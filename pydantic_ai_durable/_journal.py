@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from ._errors import ExecutionBusy, JournalUnavailable
-from .journals._protocol import Journal, Lease, RunSnapshot
+from ._errors import ExecutionBusy, JournalError, JournalUnavailable, LeaseLost, ResultNotJournalable
+from ._lease import LeaseKeeper
+from .journals._holder import end_holding, local_clock, new_holder, start_holding
+from .journals._protocol import Journal, RunSnapshot
+
+_R = TypeVar('_R')
 
 __all__ = (
     'ENTRY_VERSION',
@@ -46,6 +46,7 @@ log = logging.getLogger('pydantic_ai_durable')
 Kind = Literal['model', 'tool', 'other']
 KINDS: tuple[Kind, ...] = ('model', 'tool', 'other')
 CleanupMode = Literal['execution', 'run', 'never']
+WriteErrorMode = Literal['stop', 'continue']
 
 ENTRY_VERSION = 1
 """Format version written into every entry, run record and execution record (B-3)."""
@@ -140,6 +141,11 @@ class Step:
         finally:
             _EXECUTING.reset(token)
 
+    async def start(self) -> None:
+        """Call right before the live body: stops the attempt if it may no longer run steps (B-10, JF-2)."""
+        await self.run.attempt.ensure(self.run.state)
+        self.reached('before_body')
+
     async def record(
         self, payload: Any, *, to_record: Callable[[Any], Any] | None = None, spend: dict[str, Any] | None = None
     ) -> bool:
@@ -230,9 +236,10 @@ class Run:
     key. Claims are synchronous so parallel steps take positions in start order (P-2).
     """
 
-    def __init__(self, attempt: Attempt, journal: Journal, key: str, snapshot: RunSnapshot) -> None:
+    def __init__(self, attempt: Attempt, state: _JournalState, key: str, snapshot: RunSnapshot) -> None:
         self.attempt = attempt
-        self.journal = journal
+        self.state = state
+        self.journal = state.journal
         self.key = key
         self.records: dict[str, Any] = snapshot.records
         self._entries: dict[int, dict[str, Any]] = {}
@@ -280,7 +287,12 @@ class Run:
     # -- claiming --------------------------------------------------------------------------------
 
     def claim(self, name: str, kind: Kind, fingerprint: str | None, *, replayable: bool = True) -> Step:
-        """Take the next position and decide whether it replays (M-1..M-7). Never awaits."""
+        """Take the next position and decide whether it replays (M-1..M-7). Never awaits.
+
+        Raises instead when the attempt may no longer run steps (B-10, JF-2), or when an earlier attempt
+        left a fence at this position because the step's result could not be journaled (JF-5).
+        """
+        self.attempt.check(self.state)
         position = self.next_position
         self.next_position += 1
         if kind == 'model':
@@ -322,7 +334,30 @@ class Run:
             return None
         if step.fingerprint is None and not self._previous_replayed:
             return None  # M-5: unverifiable and not chained to a verified replay
+        if 'unjournalable' in entry:
+            self._honour_fence(step, entry)
+            return None
         return entry
+
+    def _honour_fence(self, step: Step, entry: dict[str, Any]) -> None:
+        """A step whose side effect ran but whose result could not be journaled: stop, or rerun on request (JF-5)."""
+        if self.attempt.rerun_unjournalable:
+            log.warning(
+                'Execution %r run %s: step %d (%s) ran in an earlier attempt but its result could not be journaled; '
+                'it runs again because rerun_unjournalable=True.',
+                self.attempt.key,
+                self.key,
+                step.position,
+                step.name,
+            )
+            return
+        raise JournalError(
+            f'Step {step.position} ({step.name}) of execution {self.attempt.key!r} ran in an earlier attempt, but its '
+            f'result could not be journaled ({entry["unjournalable"]}), so running it again would repeat its side '
+            'effect. Make it return JSON-compatible data, then either resume with '
+            f'execution({self.attempt.key!r}, rerun_unjournalable=True) to run it once more, or delete the '
+            'execution to start over.'
+        )
 
     def _diverge(self, step: Step, reason: str) -> None:
         self.diverged = True
@@ -370,29 +405,39 @@ class Run:
         to_record: Callable[[Any], Any] | None = None,
         spend: dict[str, Any] | None = None,
     ) -> bool:
-        """Save a live step's payload (W-1..W-4); `False`, never an exception, when it was not stored.
+        """Save a live step's payload (W-1..W-4) and return whether it was stored.
 
+        A store that keeps failing stops the attempt with `JournalUnavailable` (JF-2), a payload the
+        journal cannot encode raises `JournalError` after leaving a fence (JF-5); only with
+        `on_write_error="continue"` is an unrecorded step reported (W-2) and the run goes on.
         `spend` is a snapshot of the run's live spend (with an int `seq`) that rides along with the
         entry, so counting a step's usage costs no write of its own.
         """
         if not step.replayable:
             return False
         self._tried_max = max(self._tried_max, step.position)
-        entry = {
-            'v': ENTRY_VERSION,
-            'name': step.name,
-            'kind': step.kind,
-            'fingerprint': step.fingerprint,
-            't': time.time(),  # when it was recorded, for inspection (CLI-1)
-        }
+        entry = self._entry(step)
         if spend is not None:
             entry['usage'] = spend
         try:
             entry['payload'] = to_record(payload) if to_record is not None else payload
-            saved = await self.journal.write_entry(self.attempt.key, self.key, step.position, entry)
-        except Exception as exc:  # a journal failure must never fail a step that already succeeded
-            log.debug('journal write raised %r', exc)
+        except Exception as exc:  # masking failed: the result cannot be journaled as it must be
+            log.debug('preparing the record of step %d failed: %r', step.position, exc)
             saved = False
+        else:
+            saved = await self.attempt.store(
+                self.state,
+                f'step {step.position} ({step.name}) of run {self.key}',
+                lambda epoch: self.journal.write_entry(self.attempt.key, self.key, step.position, entry, epoch=epoch),
+            )
+        if saved is False and self.attempt.on_write_error == 'stop':
+            error = ResultNotJournalable(
+                f'The result of step {step.position} ({step.name}) cannot be journaled: the journal could not '
+                'encode it as JSON text. Return JSON-compatible data instead.',
+                step=step,
+            )
+            await self.fence(step, error)
+            raise error
         if saved:
             self._saved.add(step.position)
             self.stats.recorded[step.kind] += 1
@@ -406,16 +451,55 @@ class Run:
                 step.position,
                 step.name,
             )
-        return saved
+        return bool(saved)
+
+    def _entry(self, step: Step) -> dict[str, Any]:
+        return {
+            'v': ENTRY_VERSION,
+            'name': step.name,
+            'kind': step.kind,
+            'fingerprint': step.fingerprint,
+            't': time.time(),  # when it was recorded, for inspection (CLI-1)
+        }
+
+    async def fence(self, step: Step, error: BaseException) -> None:
+        """Record that `step` ran but its result cannot be journaled, so a retry stops there (JF-5).
+
+        The side effect already happened; without this entry a retry would silently run it again.
+        Never raises: the caller raises the error that explains what went wrong.
+        """
+        if not step.replayable:
+            return
+        entry = {**self._entry(step), 'payload': None, 'unjournalable': _one_line(error, 300)}
+        self._tried_max = max(self._tried_max, step.position)
+        try:
+            if not await self.attempt.store(
+                self.state,
+                f'the fence of step {step.position} ({step.name})',
+                lambda epoch: self.journal.write_entry(self.attempt.key, self.key, step.position, entry, epoch=epoch),
+            ):
+                raise JournalError('the journal refused it')
+        except Exception as exc:
+            log.warning(
+                'Execution %r run %s: step %d (%s) ran but neither its result nor a fence could be recorded (%s); '
+                'a retry runs it again.',
+                self.attempt.key,
+                self.key,
+                step.position,
+                step.name,
+                exc,
+            )
 
     async def write_record(self, name: str, value: dict[str, Any]) -> bool:
-        """Store a run-level record (usage, meta); failures are logged, never raised."""
-        try:
-            saved = await self.journal.write_record(self.attempt.key, self.key, name, {'v': ENTRY_VERSION, **value})
-        except Exception:
-            saved = False
+        """Store a run-level record (usage, meta); a store that keeps failing stops the attempt (JF-2)."""
+        stored = {'v': ENTRY_VERSION, **value}
+        saved = await self.attempt.store(
+            self.state,
+            f'the {name} record of run {self.key}',
+            lambda epoch: self.journal.write_record(self.attempt.key, self.key, name, stored, epoch=epoch),
+        )
         if saved:
-            self.records[name] = {'v': ENTRY_VERSION, **value}
+            self.records[name] = stored
         return saved
 
     # -- failure ---------------------------------------------------------------------------------
@@ -470,41 +554,23 @@ class Run:
 
 
 def _store_identity(journal: Journal) -> object:
-    """What makes two journal objects the same store: a directory's resolved path, else the object."""
-    path = getattr(journal, 'path', None)
-    if isinstance(path, os.PathLike):
-        return ('path', os.path.realpath(path))
-    return ('object', id(journal))
+    """What makes two journal objects the same store (their `store_identity`), else the object itself.
+
+    An attempt holds one lease per store: two objects over one store must share it, or the second
+    acquisition would take a new epoch and fence the first (B-9).
+    """
+    identity = getattr(journal, 'store_identity', None)
+    return identity if identity is not None else ('object', id(journal))
 
 
-async def _quietly(operation: Awaitable[object]) -> None:
-    """Await a best-effort clean-up step; its failure must not hide the error being handled."""
-    try:
-        await operation
-    except Exception as exc:
-        log.debug('best-effort journal operation failed: %r', exc)
+def _one_line(error: BaseException, limit: int = 400) -> str:
+    text = ' '.join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + '...'
 
 
-def _holder() -> str:
-    return f'{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}'
-
-
-def _holder_is_dead(holder: str) -> bool:
-    """Whether a lease holder is a process on this host that no longer exists."""
-    host, _, rest = holder.partition(':')
-    pid_text = rest.partition(':')[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    pid = int(pid_text)
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+_RETRY_FIRST = 0.02
+_RETRY_MAX = 0.5
+"""Backoff between tries of a failing journal call: from 20 ms, doubling, at most half a second."""
 
 
 @dataclass
@@ -512,40 +578,19 @@ class _JournalState:
     """What an attempt holds on one journal: the lease, and the execution record it maintains."""
 
     journal: Journal
-    record: dict[str, Any]
-    runs: list[str]
-    renewer: _LeaseRenewer | None = None
+    keeper: LeaseKeeper
+    record: dict[str, Any] = field(default_factory=dict)
+    runs: list[str] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-class _LeaseRenewer:
-    """Renews a lease from a daemon thread, so a long model call never lets it lapse (B-5)."""
-
-    def __init__(self, journal: Journal, key: str, holder: str, ttl: float) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._loop, args=(journal, key, holder, ttl), name='pydantic-ai-durable-lease', daemon=True
-        )
-        self._thread.start()
-
-    def _loop(self, journal: Journal, key: str, holder: str, ttl: float) -> None:
-        while not self._stop.wait(ttl / 3):
-            try:
-                if not asyncio.run(journal.renew_lease(key, holder, ttl)):
-                    log.warning('Execution %r: its lease was lost; another attempt may have taken over.', key)
-                    return
-            except Exception as exc:
-                log.warning('Execution %r: renewing its lease failed (%s).', key, exc)
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 class Attempt:
     """One activation of an execution key: a fresh view over the shared journal (R-2).
 
     It numbers the runs it starts (R-3, R-4), holds each journal's lease and execution record, and at
-    the end cleans up (C-rules) and logs the summary (S-2).
+    the end cleans up (C-rules) and logs the summary (S-2). Every journal call it makes for its runs
+    goes through `store` / `load`, which retry a failing store for `write_timeout` seconds and then
+    stop the attempt (JF-1, JF-2).
     """
 
     def __init__(
@@ -556,21 +601,35 @@ class Attempt:
         default_journal: Callable[[], Journal],
         cleanup: CleanupMode,
         lease_ttl: float,
+        write_timeout: float | None = None,
+        on_write_error: WriteErrorMode = 'stop',
+        rerun_unjournalable: bool = False,
     ) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f'An execution key must be a non-empty string, not {key!r}.')
         if cleanup not in ('execution', 'run', 'never'):
             raise ValueError(f"cleanup must be 'execution', 'run' or 'never', not {cleanup!r}.")
-        if lease_ttl <= 0:
+        if not isinstance(lease_ttl, (int, float)) or not lease_ttl > 0:
             raise ValueError(f'lease_ttl must be a positive number of seconds, not {lease_ttl!r}.')
+        if write_timeout is None:
+            write_timeout = lease_ttl / 3
+        if not isinstance(write_timeout, (int, float)) or not write_timeout >= 0:
+            raise ValueError(f'write_timeout must be a number of seconds (0 or more), not {write_timeout!r}.')
+        if on_write_error not in ('stop', 'continue'):
+            raise ValueError(f"on_write_error must be 'stop' or 'continue', not {on_write_error!r}.")
         self.key = key
         self.journal = journal
         self._default_journal = default_journal
         self.cleanup = cleanup
-        self.lease_ttl = lease_ttl
+        self.lease_ttl = float(lease_ttl)
+        self.write_timeout = float(write_timeout)
+        self.on_write_error: WriteErrorMode = on_write_error
+        self.rerun_unjournalable = rerun_unjournalable
         self.stats = Stats()
         self.number = 1
-        self.holder = _holder()
+        self.holder = new_holder()
+        self.broken: JournalUnavailable | None = None
+        """Set once a journal write failed for good: no step of this attempt starts after it (JF-2)."""
         self._states: dict[object, _JournalState] = {}
         self._opening: dict[object, asyncio.Future[_JournalState]] = {}
         self._top_runs = 0
@@ -584,6 +643,81 @@ class Attempt:
         if self.journal is not None:
             return self.journal
         return preferred if preferred is not None else self._default_journal()
+
+    # -- guarding every journal call ------------------------------------------------------------
+
+    def check(self, state: _JournalState) -> None:
+        """Raise when this attempt may no longer run steps: its lease is lost or its journal failed (B-10, JF-2)."""
+        state.keeper.check()
+        if self.broken is not None:
+            raise JournalUnavailable(str(self.broken))
+
+    async def ensure(self, state: _JournalState) -> None:
+        """`check`, and make sure the lease still holds; called right before a step's body (B-10)."""
+        self.check(state)
+        await state.keeper.ensure()
+
+    async def _retrying(
+        self, what: str, call: Callable[[], Awaitable[_R]], journal: Journal, *, patient: bool = True
+    ) -> _R:
+        """Call the journal, retrying a failing store with backoff for `write_timeout` seconds (or once)."""
+        deadline = local_clock() + (self.write_timeout if patient else 0.0)
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                return await call()
+            except (LeaseLost, JournalError):
+                raise
+            except Exception as exc:
+                remaining = deadline - local_clock()
+                if remaining <= 0:
+                    tried = f'and still failed after {self.write_timeout:g} s of retries ' if patient else ''
+                    raise JournalUnavailable(
+                        f'Execution {self.key!r}: {what} failed in {journal!r} {tried}'
+                        f'({type(exc).__name__}: {_one_line(exc)}). '
+                        'This attempt stopped before its next step, so nothing ran unrecorded; retry the '
+                        'execution once the journal works again, and every recorded step replays.'
+                    ) from exc
+                log.debug('journal call failed, retrying: %s: %r', what, exc)
+                await asyncio.sleep(min(delay, remaining))
+                delay = min(delay * 2, _RETRY_MAX)
+
+    async def store(
+        self, state: _JournalState, what: str, write: Callable[[int], Awaitable[bool]], *, patient: bool = True
+    ) -> bool:
+        """Write with this attempt's lease epoch (B-9); a store that keeps failing stops the attempt (JF-2).
+
+        Returns what the backend said (`False`: the value cannot be encoded). With
+        `on_write_error="continue"` a failed store is logged and reported as not stored instead.
+        """
+        self.check(state)
+        try:
+            return await self._retrying(
+                f'writing {what}', lambda: write(state.keeper.epoch), state.journal, patient=patient
+            )
+        except LeaseLost as lost:
+            state.keeper.fenced(lost)
+            raise
+        except JournalUnavailable as error:
+            if self.on_write_error == 'continue':
+                log.warning('%s', error)
+                return False
+            self.broken = error
+            raise
+
+    async def _finish_state(self, state: _JournalState, error: BaseException | None, *, patient: bool) -> None:
+        journal = state.journal
+        if error is None and (self.cleanup == 'execution' or (self.cleanup == 'run' and not state.runs)):
+
+            async def delete(epoch: int) -> bool:
+                await journal.delete_execution(self.key, epoch=epoch)
+                return True
+
+            await self.store(state, 'the cleanup of the execution', delete, patient=patient)  # C-2, or C-1
+        else:
+            await self._write_record(state, status='failed' if error is not None else 'finished', patient=patient)
+
+    # -- opening ---------------------------------------------------------------------------------
 
     async def open(self, journal: Journal) -> _JournalState:
         """Open `journal` for this attempt once: reachability, lease, execution record (B-5, B-7).
@@ -612,65 +746,76 @@ class Attempt:
             raise JournalUnavailable(
                 f'The journal {journal!r} cannot be opened ({type(exc).__name__}: {exc}); no model was called.'
             ) from exc
+        start_holding(self.holder)
+        keeper = LeaseKeeper(journal, self.key, self.holder, self.lease_ttl)
         try:
-            await self._take_lease(journal)
-        except (ExecutionBusy, JournalUnavailable):
+            lease = await keeper.acquire()
+        except JournalUnavailable:
             raise
         except Exception as exc:
             raise JournalUnavailable(
                 f'The lease of execution {self.key!r} could not be taken in {journal!r} '
                 f'({type(exc).__name__}: {exc}); no model was called.'
             ) from exc
+        if lease.holder != self.holder:
+            raise ExecutionBusy(self.key, holder=lease.holder, expires_at=lease.expires_at)
+        state = _JournalState(journal, keeper)
         try:
-            state = await self._start_record(journal)
+            await self._start_record(state)
         except BaseException:
-            await _quietly(journal.release_lease(self.key, self.holder))
+            await keeper.release()
             raise
-        state.renewer = _LeaseRenewer(journal, self.key, self.holder, self.lease_ttl)
         self._states[_store_identity(journal)] = state
         return state
 
-    async def _start_record(self, journal: Journal) -> _JournalState:
-        """Read the execution record (a wrong shape counts as empty, B-3) and mark this attempt running."""
-        try:
-            stored = await journal.read_execution(self.key)
-        except Exception:
-            stored = None
+    async def _start_record(self, state: _JournalState) -> None:
+        """Read the execution record (a wrong shape counts as empty, B-3) and mark this attempt running.
+
+        A record that cannot be read is an error, never an empty execution (JF-1): starting afresh
+        would run every recorded step again.
+        """
+        journal = state.journal
+        stored = await self._load(journal, 'the execution record', lambda: journal.read_execution(self.key))
         readable = _readable(stored, f'Execution {self.key!r}: its record') if stored is not None else None
         record: dict[str, Any] = readable if readable is not None else {}
         listed = record.get('runs')
-        runs = [run for run in listed if isinstance(run, str)] if isinstance(listed, list) else []
+        state.runs = [run for run in listed if isinstance(run, str)] if isinstance(listed, list) else []
         attempts = record.get('attempts')
         self.number = (attempts if type(attempts) is int else 0) + 1
-        new_record = {
+        state.record = {
             **record,
             'v': ENTRY_VERSION,
             'key': self.key,
-            'runs': runs,
+            'runs': state.runs,
             'status': 'running',
             'attempts': self.number,
             'updated': time.time(),
         }
         try:
-            written = await journal.write_execution(self.key, new_record)
-        except Exception as exc:
-            raise JournalUnavailable(
-                f'The journal {journal!r} failed to record the start of execution {self.key!r} '
-                f'({type(exc).__name__}: {exc}); no model was called.'
-            ) from exc
+            written = await self.store(
+                state,
+                'the start of the execution',
+                lambda epoch: journal.write_execution(self.key, state.record, epoch=epoch),
+            )
+        except JournalUnavailable as exc:
+            self.broken = None  # nothing ran: a later entry into this execution may try again
+            raise JournalUnavailable(f'{exc} No model was called.') from exc
         if not written:
             raise JournalUnavailable(
                 f'The journal {journal!r} refused to record the start of execution {self.key!r}; '
                 'check that it is writable and not full. No model was called.'
             )
-        return _JournalState(journal, new_record, runs)
 
-    async def _take_lease(self, journal: Journal) -> None:
-        held: Lease | None = await journal.acquire_lease(self.key, self.holder, self.lease_ttl)
-        if held is not None and _holder_is_dead(held.holder):
-            held = await journal.acquire_lease(self.key, self.holder, self.lease_ttl, take_over=held.holder)
-        if held is not None:
-            raise ExecutionBusy(self.key, holder=held.holder, expires_at=held.expires_at)
+    async def _load(self, journal: Journal, what: str, read: Callable[[], Awaitable[_R]]) -> _R:
+        """Read from the journal, retrying a failing store; a read that keeps failing is `JournalUnavailable` (JF-1)."""
+        try:
+            return await self._retrying(f'reading {what}', read, journal)
+        except JournalUnavailable as error:
+            raise JournalUnavailable(
+                f'{error} Nothing was run live: an unreadable journal is never taken for an empty one.'
+            ) from error.__cause__
+
+    # -- runs ------------------------------------------------------------------------------------
 
     def _next_run_key(self, journal: Journal) -> str:
         parent = _EXECUTING.get()
@@ -690,61 +835,65 @@ class Attempt:
         """Number a new run (synchronously, in start order) and read what earlier attempts recorded for it."""
         run_key = self._next_run_key(journal)
         state = await self.open(journal)
-        journal = state.journal
+        self.check(state)
         if run_key not in state.runs:  # R-6
             state.runs.append(run_key)
             await self._write_record(state)
-        try:
-            snapshot = await journal.read_run(self.key, run_key)
-        except Exception as exc:
-            log.warning(
-                'Execution %r run %s: its entries could not be read (%s); it runs live.', self.key, run_key, exc
-            )
-            snapshot = RunSnapshot()
-        run = Run(self, journal, run_key, snapshot)
+        snapshot = await self._load(
+            state.journal, f'the entries of run {run_key}', lambda: state.journal.read_run(self.key, run_key)
+        )
+        run = Run(self, state, run_key, snapshot)
         self.runs.append(run)
         return run
 
     async def _write_record(self, state: _JournalState, **changes: Any) -> None:
         async with state.lock:
             state.record.update(changes, runs=list(state.runs), updated=time.time())
-            try:
-                await state.journal.write_execution(self.key, state.record)
-            except Exception as exc:
-                log.warning('Execution %r: its record could not be written (%s).', self.key, exc)
+            record = dict(state.record)
+            await self.store(
+                state,
+                'the execution record',
+                lambda epoch: state.journal.write_execution(self.key, record, epoch=epoch),
+            )
 
     async def cleanup_run(self, run: Run) -> None:
-        """Delete one finished run's entries and forget its key (C-1), never raising (C-5)."""
-        state = self._states.get(_store_identity(run.journal))
+        """Delete one finished run's entries and forget its key (C-1); a failure is logged, never raised (C-5)."""
+        state = run.state
         try:
-            await run.journal.delete_run(self.key, run.key)
-        except Exception as exc:
+
+            async def delete(epoch: int) -> bool:
+                await run.journal.delete_run(self.key, run.key, epoch=epoch)
+                return True
+
+            await self.store(state, f'the cleanup of run {run.key}', delete)
+            if run.key in state.runs:
+                state.runs.remove(run.key)
+                await self._write_record(state)
+        except Exception as exc:  # LeaseLost included: the keeper knows, and the scope's exit reports it
             log.warning('Execution %r run %s: cleanup failed (%s).', self.key, run.key, exc)
-        if state is not None and run.key in state.runs:
-            state.runs.remove(run.key)
-            await self._write_record(state)
 
     async def finish(self, error: BaseException | None) -> None:
-        """End the attempt: clean up after success (C-2, C-3), record the status, release leases, summarise."""
+        """End the attempt: clean up after success (C-2, C-3), record the status, release leases, summarise.
+
+        Raises `LeaseLost` when the attempt otherwise succeeded but its execution was taken over before it
+        could finish: its cleanup was refused, and the new holder's result is the execution's.
+        """
+        lost: LeaseLost | None = None
+        was_broken, self.broken = self.broken is not None, None  # the end is tried once more, best effort
         for state in self._states.values():
-            if state.renewer is not None:
-                state.renewer.stop()
-            journal = state.journal
-            if isinstance(error, SimulatedCrash):  # a dead process writes nothing; only the lease goes
-                await journal.release_lease(self.key, self.holder)
-                continue
             try:
-                if error is None and (self.cleanup == 'execution' or (self.cleanup == 'run' and not state.runs)):
-                    await journal.delete_execution(self.key)  # C-2, or C-1's empty runs list
-                else:
-                    await self._write_record(state, status='failed' if error is not None else 'finished')
+                if not (isinstance(error, SimulatedCrash) or state.keeper.lost is not None):
+                    await self._finish_state(state, error, patient=not was_broken)
+            except LeaseLost as exc:
+                lost = exc
             except Exception as exc:
                 log.warning('Execution %r: cleanup failed (%s); its entries stay in the journal.', self.key, exc)
-            try:
-                await journal.release_lease(self.key, self.holder)
-            except Exception as exc:
-                log.warning('Execution %r: releasing its lease failed (%s).', self.key, exc)
+            lost = lost or state.keeper.lost  # a dead process writes nothing above; a stale attempt may not (B-9)
+            await state.keeper.release()
+        end_holding(self.holder)
         self._log_summary()
+        if error is None and lost is not None:
+            raise LeaseLost(self.key, holder=lost.holder, reason=lost.reason)
 
     def _log_summary(self) -> None:
         stats = self.stats

@@ -16,7 +16,8 @@ from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, T
 from pydantic_ai.messages import ToolReturn
 from pydantic_core import PydanticSerializationError
 
-from ._errors import JournalError
+from ._errors import JournalError, ResultNotJournalable
+from ._journal import current_step
 
 __all__ = (
     'CONTROL_FLOW_EXCEPTIONS',
@@ -25,6 +26,7 @@ __all__ = (
     'encode_exception',
     'encode_result',
     'is_replayable_payload',
+    'why_not_journalable',
 )
 
 CONTROL_FLOW_EXCEPTIONS: tuple[type[Exception], ...] = (ModelRetry, ToolFailed, ApprovalRequired, CallDeferred)
@@ -141,6 +143,24 @@ def decode_payload(payload: object) -> object:
     )
 
 
+_MAX_DEPTH = 254
+"""How deeply pydantic's serializer (the journal's encoder) lets values nest."""
+
+
+def why_not_journalable(error: BaseException) -> str:
+    """The encoder's complaint in words a user can act on (JF-6).
+
+    pydantic reports a value nested too deeply as a "circular reference (depth exceeded)", which sends
+    users hunting for a cycle that is not there.
+    """
+    text = str(error)
+    if isinstance(error, RecursionError) or 'depth exceeded' in text:
+        return f'it is nested more than {_MAX_DEPTH} levels deep, deeper than the journal encoder allows; flatten it'
+    if 'id repeated' in text:
+        return 'it contains itself (a circular reference)'
+    return text
+
+
 def _message_of(exc: ModelRetry | ToolFailed) -> str:
     """Return the exception's message as text, whatever the tool passed to the constructor."""
     message = getattr(exc, 'message', None)
@@ -155,13 +175,15 @@ def _to_json_data(value: object, *, tool_name: str | None, what: str) -> Any:
     """
     try:
         return _ANY_ADAPTER.dump_python(value, mode='json')
-    except _ENCODE_ERRORS as exc:
+    except (*_ENCODE_ERRORS, RecursionError) as exc:
         who = f'Tool {tool_name!r}' if tool_name else 'A tool'
         module = type(value).__module__
         type_name = type(value).__qualname__ if module == 'builtins' else f'{module}.{type(value).__qualname__}'
-        raise JournalError(
+        raise ResultNotJournalable(
             f'{who} {what} a value of type {type_name} that is not '
-            f'JSON-serializable ({exc}), so its outcome cannot be journaled. This is not retryable: the same '
-            'value fails on every attempt. Make the tool return JSON-compatible data (str, numbers, lists, '
-            'dicts, pydantic models, dataclasses, UTF-8 bytes) or convert the value before returning it.'
+            f'JSON-serializable ({why_not_journalable(exc)}), so its outcome cannot be journaled. This is not '
+            'retryable: the same value fails on every attempt. Make the tool return JSON-compatible data (str, '
+            'numbers, lists, dicts, pydantic models, dataclasses, UTF-8 bytes) or convert the value before '
+            'returning it.',
+            step=current_step(),
         ) from exc

@@ -13,6 +13,7 @@ from typing import Any
 
 import diskcache
 import pytest
+from helpers import Operator
 from pg import fresh_schema, postgres_dsn  # noqa: F401
 from pg import put_raw as pg_put_raw
 
@@ -105,6 +106,12 @@ async def backend_case(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
 def backend_journal(backend_case: BackendCase) -> Journal:
     """An opened, empty journal of each backend."""
     return backend_case.journal
+
+
+@pytest.fixture
+def backend_store(backend_case: BackendCase) -> Operator:
+    """The same journal written as an operator would: each write under a lease of its own (B-9)."""
+    return Operator(backend_case.journal)
 
 
 @pytest.fixture(params=['memory', 'disk', 'postgres'])

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import TypeAdapter
 from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.tools import RunContext, ToolDefinition
+from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.usage import RequestUsage
 
 from pydantic_ai_durable import Durable, Journal
+
+_ARGS = TypeAdapter(dict[str, Any]).validator
 
 
 def tool_returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
@@ -73,3 +79,78 @@ def two_step_agent(
 
 
 JournalFactory = Callable[[], Journal]
+_T = TypeVar('_T')
+
+
+class Warehouse(AbstractToolset[Any]):
+    """A custom leaf toolset: pydantic-ai runs it as-is, so only `Durable` can journal it."""
+
+    def __init__(self, tools: dict[str, Callable[..., Any]], *, id: str = 'warehouse', replayable: bool = True) -> None:
+        self.tools = tools
+        self._id = id
+        self.replayable = replayable
+
+    @property
+    def id(self) -> str | None:
+        return self._id
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        return {
+            name: ToolsetTool(
+                toolset=self,
+                tool_def=ToolDefinition(name=name, parameters_json_schema={'type': 'object'}),
+                max_retries=1,
+                args_validator=_ARGS,
+            )
+            for name in self.tools
+        }
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        return self.tools[name](**tool_args)
+
+
+class Operator:
+    """A journal whose writes each take a lease of their own, as an operator editing a journal would.
+
+    Every write of the protocol is fenced by a lease epoch (B-9). Tests about what storage keeps, or
+    that plant entries between attempts, use this view: each write acquires the execution's lease
+    (failing if a live attempt holds it), writes with its epoch, and gives the lease back, so listings
+    and prune see no lease afterwards. Lease behaviour itself is tested on the raw journal.
+    """
+
+    HOLDER = 'tests-operator'
+    """Not in this release's holder format, so no store can prove it dead: only its expiry frees it."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.journal, name)
+
+    def __repr__(self) -> str:
+        return f'Operator({self.journal!r})'
+
+    async def _leased(self, key: str, write: Callable[[int], Awaitable[_T]]) -> _T:
+        lease = await self.journal.acquire_lease(key, self.HOLDER, 60)
+        assert lease.holder == self.HOLDER, f'a live attempt holds {key!r}: {lease}'
+        try:
+            return await write(lease.epoch)
+        finally:
+            await self.journal.release_lease(key, self.HOLDER, lease.epoch)
+
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any]) -> bool:
+        return await self._leased(key, lambda epoch: self.journal.write_entry(key, run, position, entry, epoch=epoch))
+
+    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any]) -> bool:
+        return await self._leased(key, lambda epoch: self.journal.write_record(key, run, name, value, epoch=epoch))
+
+    async def write_execution(self, key: str, value: dict[str, Any]) -> bool:
+        return await self._leased(key, lambda epoch: self.journal.write_execution(key, value, epoch=epoch))
+
+    async def delete_run(self, key: str, run: str) -> None:
+        await self._leased(key, lambda epoch: self.journal.delete_run(key, run, epoch=epoch))
+
+    async def delete_execution(self, key: str) -> None:
+        await self._leased(key, lambda epoch: self.journal.delete_execution(key, epoch=epoch))

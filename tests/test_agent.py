@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Calls, responses, tool_returns, two_step_agent
+from helpers import Calls, Operator, Warehouse, responses, tool_returns, two_step_agent
 from pydantic_ai import Agent, FunctionToolset, ModelRetry
 from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -470,7 +470,7 @@ async def corrupt(journal: Journal, key: str, kind: str) -> None:
     for position, entry in snapshot.entries.items():
         if entry['kind'] == kind:
             entry['payload'] = 'written by another version'
-            assert await journal.write_entry(key, '0', position, entry)
+            assert await Operator(journal).write_entry(key, '0', position, entry)
 
 
 async def finished_then_failed(new_journal: Any, key: str, calls: Calls) -> None:
@@ -522,10 +522,10 @@ class RefusingJournal(MemoryJournal):
         super().__init__()
         self.refuse = refuse
 
-    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any]) -> bool:
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
         if self.refuse in entry['name']:
             return False
-        return await super().write_entry(key, run, position, entry)
+        return await super().write_entry(key, run, position, entry, epoch=epoch)
 
 
 async def test_f50_s2_summary_lists_refused_steps(caplog: pytest.LogCaptureFixture) -> None:
@@ -548,7 +548,7 @@ async def test_f50_s2_summary_lists_refused_steps(caplog: pytest.LogCaptureFixtu
         capabilities=[Durable(journal)],
     )
     caplog.set_level(logging.INFO, logger='pydantic_ai_durable')
-    async with execution('f50', cleanup='never') as handle:
+    async with execution('f50', cleanup='never', on_write_error='continue') as handle:
         await agent.run('mail')
     assert handle.stats.recorded == {'model': 2}
     assert handle.stats.not_recorded == [('tool', 'mailer__function_toolset__mail.call_tool:send_email')] * 2
@@ -558,28 +558,53 @@ async def test_f50_s2_summary_lists_refused_steps(caplog: pytest.LogCaptureFixtu
     assert any('recorded 2 new steps (2 model, 0 tool, 0 other)' in message for message in messages)
 
 
-async def test_g51_t4_non_json_tool_result_fails_with_journal_error(new_journal: Any) -> None:
+@pytest.mark.parametrize('tool_kind', ['function', 'leaf'])
+async def test_g51_t4_jf5_unjournalable_tool_result_leaves_a_fence_a_retry_stops_at(
+    new_journal: Any, tool_kind: str
+) -> None:
+    calls = Calls()
+    fixed = False
+
     def opaque() -> object:
-        return object()
+        calls.hit('opaque')
+        return {'fixed': True} if fixed else object()
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.hit('model')
         if responses(messages) == 0:
             return ModelResponse(parts=[ToolCallPart('opaque', {}, tool_call_id='o')])
-        return ModelResponse(parts=[TextPart('never')])
+        return ModelResponse(parts=[TextPart('done')])
 
-    journal = new_journal()
-    agent = Agent(
-        FunctionModel(model, model_name='opaque'),
-        name='opaque',
-        toolsets=[FunctionToolset([opaque], id='o')],
-        capabilities=[Durable(journal)],
-    )
+    def build() -> Agent[None, str]:
+        toolset: Any = FunctionToolset([opaque], id='o') if tool_kind == 'function' else Warehouse({'opaque': opaque})
+        return Agent(
+            FunctionModel(model, model_name='opaque'),
+            name='opaque',
+            toolsets=[toolset],
+            capabilities=[Durable(new_journal())],
+        )
+
     with pytest.raises(JournalError, match='not JSON-serializable') as raised:
         async with execution('g51'):
-            await agent.run('q')
-    assert 'opaque' in str(raised.value)
-    entries = (await journal.read_run('g51', '0')).entries
-    assert [entry['kind'] for entry in entries.values()] == ['model']
+            await build().run('q')
+    assert 'opaque' in str(raised.value) and 'object' in str(raised.value)  # names the tool and the type
+    entries = (await new_journal().read_run('g51', '0')).entries
+    assert [entry['kind'] for entry in entries.values()] == ['model', 'tool']
+    assert entries[1]['payload'] is None and 'not JSON-serializable' in entries[1]['unjournalable']
+
+    for _ in range(2):  # every retry stops at the fence: the side effect ran once, it never silently repeats
+        with pytest.raises(JournalError, match='rerun_unjournalable=True') as stopped:
+            async with execution('g51'):
+                await build().run('q')
+        assert 'ran in an earlier attempt' in str(stopped.value)
+    assert calls['opaque'] == 1
+
+    fixed = True  # the user fixed the tool and decided to run it once more
+    async with execution('g51', rerun_unjournalable=True) as handle:
+        result = await build().run('q')
+    assert result.output == 'done'
+    assert calls['opaque'] == 2
+    assert handle.stats.replayed['model'] == 1
 
 
 # -- bad input -------------------------------------------------------------------------------------------

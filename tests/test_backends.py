@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import diskcache
 import pytest
+from helpers import Operator
 from pydantic import TypeAdapter
 from pydantic_ai.messages import ModelResponse, TextPart
 from pydantic_ai.usage import RequestUsage
 
-from pydantic_ai_durable import JournalUnavailable
+from pydantic_ai_durable import JournalUnavailable, LeaseLost
 from pydantic_ai_durable.journals import DiskJournal, ExecutionInfo, Journal, Lease, RunSnapshot
 from pydantic_ai_durable.journals._common import execution_id
+from pydantic_ai_durable.journals._holder import end_holding, new_holder, start_holding
 
 if TYPE_CHECKING:
     from conftest import BackendCase
@@ -62,8 +64,8 @@ async def test_b1_backend_satisfies_the_journal_protocol(backend_journal: Journa
     assert await backend_journal.list_executions() == []
 
 
-async def test_b1_read_run_returns_every_entry_and_record_in_one_call(backend_journal: Journal) -> None:
-    j = backend_journal
+async def test_b1_read_run_returns_every_entry_and_record_in_one_call(backend_store: Journal) -> None:
+    j = backend_store
     for position in (0, 1, 2):
         assert await j.write_entry(KEY, '0', position, entry({'n': position}, name=f's{position}')) is True
     assert await j.write_record(KEY, '0', 'meta', {'v': 1, 'diverge_from': None, 'high_water': 3}) is True
@@ -84,8 +86,8 @@ async def test_b1_read_run_returns_every_entry_and_record_in_one_call(backend_jo
     assert await j.read_run('another key', '0') == RunSnapshot()
 
 
-async def test_b1_write_entry_replaces_what_was_at_its_position(backend_journal: Journal) -> None:
-    j = backend_journal
+async def test_b1_write_entry_replaces_what_was_at_its_position(backend_store: Journal) -> None:
+    j = backend_store
     await j.write_entry(KEY, '0', 0, entry('old', name='old_step'))
     await j.write_entry(KEY, '0', 1, entry('kept'))
     assert await j.write_entry(KEY, '0', 0, entry('new', name='new_step')) is True
@@ -98,8 +100,8 @@ async def test_b1_write_entry_replaces_what_was_at_its_position(backend_journal:
     assert snapshot.records == {'meta': {'v': 1, 'high_water': 7}}
 
 
-async def test_b1_execution_record_is_read_and_replaced(backend_journal: Journal) -> None:
-    j = backend_journal
+async def test_b1_execution_record_is_read_and_replaced(backend_store: Journal) -> None:
+    j = backend_store
     assert await j.read_execution(KEY) is None
     assert await j.write_execution(KEY, {'v': 1, 'runs': ['0'], 'status': 'running'}) is True
     assert await j.read_execution(KEY) == {'v': 1, 'runs': ['0'], 'status': 'running'}
@@ -112,8 +114,8 @@ async def test_b1_execution_record_is_read_and_replaced(backend_journal: Journal
 # -- J-5: JSON round trip, fresh copies ----------------------------------------------------------
 
 
-async def test_j5_values_come_back_as_their_json_round_trip(backend_journal: Journal) -> None:
-    j = backend_journal
+async def test_j5_values_come_back_as_their_json_round_trip(backend_store: Journal) -> None:
+    j = backend_store
     payload = {'rows': (1, (2, 'x')), 'by_id': {1: 'one', 2: {3: 'three'}}, 'big': 2**70, 'f': 0.1, 'none': None}
     expected = {'rows': [1, [2, 'x']], 'by_id': {'1': 'one', '2': {'3': 'three'}}, 'big': 2**70, 'f': 0.1, 'none': None}
     await j.write_entry(KEY, '0', 0, entry(payload))
@@ -127,8 +129,8 @@ async def test_j5_values_come_back_as_their_json_round_trip(backend_journal: Jou
     assert await j.read_execution(KEY) == {'v': 1, 'runs': ['0'], 'n': {'1': 1}}
 
 
-async def test_j5_every_read_is_a_fresh_copy(backend_journal: Journal) -> None:
-    j = backend_journal
+async def test_j5_every_read_is_a_fresh_copy(backend_store: Journal) -> None:
+    j = backend_store
     written = entry({'items': ['a'], 'nested': {'k': 'v'}})
     await j.write_entry(KEY, '0', 0, written)
     await j.write_record(KEY, '0', 'meta', {'v': 1, 'list': [1]})
@@ -150,8 +152,8 @@ async def test_j5_every_read_is_a_fresh_copy(backend_journal: Journal) -> None:
     assert second.entries[0] is not first.entries[0]
 
 
-async def test_j5_strings_round_trip_exactly(backend_journal: Journal) -> None:
-    j = backend_journal
+async def test_j5_strings_round_trip_exactly(backend_store: Journal) -> None:
+    j = backend_store
     text = 'NUL\x00 tab\t quote" backslash\\ emoji 🙂 rtl שלום cjk 漢字 \u2028'
     assert await j.write_entry(KEY, '0', 0, entry({text: text})) is True
     assert (await j.read_run(KEY, '0')).entries[0]['payload'] == {text: text}
@@ -173,7 +175,7 @@ async def test_f49_decimal_cost_survives_the_round_trip(backend_case: BackendCas
     )
     payload = adapter.dump_python(response, mode='json')
     assert payload['usage']['cost'] == str(cost)  # stored as JSON text, not a lossy float
-    await backend_case.journal.write_entry(KEY, '0', 0, entry(payload))
+    await Operator(backend_case.journal).write_entry(KEY, '0', 0, entry(payload))
 
     stored = (await backend_case.reopen().read_run(KEY, '0')).entries[0]['payload']
     loaded = adapter.validate_python(stored)
@@ -203,8 +205,8 @@ UNSTORABLE = {
 
 
 @pytest.mark.parametrize('make', UNSTORABLE.values(), ids=UNSTORABLE.keys())
-async def test_j2_unstorable_entry_is_refused_and_earlier_entries_stay(backend_journal: Journal, make: Any) -> None:
-    j = backend_journal
+async def test_j2_unstorable_entry_is_refused_and_earlier_entries_stay(backend_store: Journal, make: Any) -> None:
+    j = backend_store
     await j.write_entry(KEY, '0', 0, entry('first'))
     await j.write_entry(KEY, '0', 1, entry('second'))
 
@@ -217,8 +219,8 @@ async def test_j2_unstorable_entry_is_refused_and_earlier_entries_stay(backend_j
 
 
 @pytest.mark.parametrize('make', UNSTORABLE.values(), ids=UNSTORABLE.keys())
-async def test_j2_unstorable_record_and_execution_are_refused(backend_journal: Journal, make: Any) -> None:
-    j = backend_journal
+async def test_j2_unstorable_record_and_execution_are_refused(backend_store: Journal, make: Any) -> None:
+    j = backend_store
     await j.write_record(KEY, '0', 'meta', {'v': 1, 'high_water': 1})
     await j.write_execution(KEY, {'v': 1, 'runs': ['0']})
 
@@ -230,8 +232,8 @@ async def test_j2_unstorable_record_and_execution_are_refused(backend_journal: J
     assert await j.read_execution(KEY) == {'v': 1, 'runs': ['0']}
 
 
-async def test_j2_unstorable_value_for_a_new_execution_leaves_nothing(backend_journal: Journal) -> None:
-    j = backend_journal
+async def test_j2_unstorable_value_for_a_new_execution_leaves_nothing(backend_store: Journal) -> None:
+    j = backend_store
     assert await j.write_entry(KEY, '0', 0, entry(object())) is False
     assert await j.write_execution(KEY, {'v': 1, 'bad': object()}) is False
     assert await j.read_run(KEY, '0') == RunSnapshot()
@@ -253,7 +255,7 @@ GARBAGE = {
 
 @pytest.mark.parametrize('raw', GARBAGE.values(), ids=GARBAGE.keys())
 async def test_j3_garbage_entry_reads_as_absent(backend_case: BackendCase, raw: str) -> None:
-    j = backend_case.journal
+    j = Operator(backend_case.journal)
     await j.write_entry(KEY, '0', 0, entry('good'))
     await j.write_entry(KEY, '0', 1, entry('to be corrupted'))
     backend_case.put_raw(('entry', KEY, '0', 1), raw)
@@ -272,7 +274,7 @@ def unreadable_record(record: object) -> bool:
 
 @pytest.mark.parametrize('raw', GARBAGE.values(), ids=GARBAGE.keys())
 async def test_j3_garbage_record_and_execution_read_as_absent(backend_case: BackendCase, raw: str) -> None:
-    j = backend_case.journal
+    j = Operator(backend_case.journal)
     await j.write_record(KEY, '0', 'meta', {'v': 1, 'diverge_from': 0})
     await j.write_record(KEY, '0', 'usage', {'v': 1, 'requests': 1})
     await j.write_execution(KEY, {'v': 1, 'runs': ['0']})
@@ -290,8 +292,8 @@ async def test_j3_garbage_record_and_execution_read_as_absent(backend_case: Back
 # -- deleting ------------------------------------------------------------------------------------
 
 
-async def test_j7_delete_run_removes_only_that_run(backend_journal: Journal) -> None:
-    j = backend_journal
+async def test_j7_delete_run_removes_only_that_run(backend_store: Journal) -> None:
+    j = backend_store
     for run in ('0', '0.1.1', '1'):
         await j.write_entry(KEY, run, 0, entry(run))
         await j.write_entry(KEY, run, 9, entry(run))
@@ -312,43 +314,45 @@ async def test_j7_delete_run_removes_only_that_run(backend_journal: Journal) -> 
     assert (await j.read_run(KEY, '0')).entries == {3: entry('again')}
 
 
-async def test_j4_deleting_absent_things_is_a_noop(backend_journal: Journal) -> None:
-    j = backend_journal
+async def test_j4_deleting_absent_things_is_a_noop(backend_store: Journal, backend_journal: Journal) -> None:
+    j = backend_store
     await j.delete_run('never written', '0')
     await j.delete_execution('never written')
     await j.write_entry(KEY, '0', 0, entry('x'))
     await j.delete_run(KEY, '7')
-    await j.release_lease(KEY, 'nobody')
+    await backend_journal.release_lease(KEY, 'nobody', 1)
     assert (await j.read_run(KEY, '0')).entries == {0: entry('x')}
 
 
 async def test_c2_delete_execution_leaves_nothing(backend_journal: Journal) -> None:
     j = backend_journal
+    lease = await j.acquire_lease(KEY, 'holder-a', 60)
     for run in ('0', '0.3.1', '1'):
-        await j.write_entry(KEY, run, 0, entry(run))
-        await j.write_entry(KEY, run, 4, entry(run))
-        await j.write_record(KEY, run, 'meta', {'v': 1})
-    await j.write_execution(KEY, {'v': 1, 'runs': ['0', '0.3.1', '1']})
-    assert await j.acquire_lease(KEY, 'holder-a', 60) is None
-    await j.write_entry('neighbour', '0', 0, entry('stays'))
+        await j.write_entry(KEY, run, 0, entry(run), epoch=lease.epoch)
+        await j.write_entry(KEY, run, 4, entry(run), epoch=lease.epoch)
+        await j.write_record(KEY, run, 'meta', {'v': 1}, epoch=lease.epoch)
+    await j.write_execution(KEY, {'v': 1, 'runs': ['0', '0.3.1', '1']}, epoch=lease.epoch)
+    await Operator(j).write_entry('neighbour', '0', 0, entry('stays'))
 
-    await j.delete_execution(KEY)
+    await j.delete_execution(KEY, epoch=lease.epoch)
 
     for run in ('0', '0.3.1', '1'):
         assert await j.read_run(KEY, run) == RunSnapshot()
     assert await j.read_execution(KEY) is None
     assert [info.key for info in await j.list_executions()] == ['neighbour']
-    assert await j.acquire_lease(KEY, 'holder-b', 60) is None  # the lease went too
-    await j.release_lease(KEY, 'holder-b')
-    await j.delete_execution('neighbour')
+    taken = await j.acquire_lease(KEY, 'holder-b', 60)  # the lease went too
+    assert taken.holder == 'holder-b'
+    assert taken.epoch > lease.epoch  # and its epoch is never handed out again
+    await j.release_lease(KEY, 'holder-b', taken.epoch)
+    await Operator(j).delete_execution('neighbour')
     assert await j.list_executions() == []
 
 
 # -- B-6: listing and retention ------------------------------------------------------------------
 
 
-async def test_b6_list_executions_reports_key_runs_steps_bytes_and_update(backend_journal: Journal) -> None:
-    j = backend_journal
+async def test_b6_list_executions_reports_key_runs_steps_bytes_and_update(backend_store: Journal) -> None:
+    j = backend_store
     before = time.time()
     await j.write_execution('a', {'v': 1, 'runs': ['0', '1'], 'status': 'finished'})
     for position in range(3):
@@ -386,27 +390,25 @@ async def test_b6_list_executions_status(
     backend_journal: Journal, record_status: str, leased: bool | str, expected: str
 ) -> None:
     j = backend_journal
-    await j.write_execution(KEY, {'v': 1, 'runs': [], 'status': record_status})
+    await Operator(j).write_execution(KEY, {'v': 1, 'runs': [], 'status': record_status})
     if leased:
-        assert await j.acquire_lease(KEY, 'holder', 0.05 if leased == 'expired' else 60) is None
+        assert (await j.acquire_lease(KEY, 'holder', 0.05 if leased == 'expired' else 60)).holder == 'holder'
         time.sleep(0.1 if leased == 'expired' else 0)
     assert (await only_info(j)).status == expected
 
 
-async def test_b6_prune_deletes_old_unleased_executions_only(
-    backend_journal: Journal, backend_clock: list[float]
-) -> None:
-    j = backend_journal
-    await j.write_entry('old', '0', 0, entry('old'))
-    await j.write_execution('old', {'v': 1, 'status': 'finished'})
-    await j.write_entry('old-but-leased', '0', 0, entry('leased'))
-    assert await j.acquire_lease('old-but-leased', 'live-holder', 100_000) is None
-    await j.write_entry('old-lease-expired', '0', 0, entry('expired'))
-    assert await j.acquire_lease('old-lease-expired', 'dead-holder', 10) is None
-    backend_clock[0] = 3600.0
-    await j.write_entry('recent', '0', 0, entry('recent'))
+async def test_b6_b13_prune_deletes_old_unleased_executions_only(backend_journal: Journal) -> None:
+    j, operator = backend_journal, Operator(backend_journal)
+    await operator.write_entry('old', '0', 0, entry('old'))
+    await operator.write_execution('old', {'v': 1, 'status': 'finished'})
+    await operator.write_entry('old-but-leased', '0', 0, entry('leased'))
+    assert (await j.acquire_lease('old-but-leased', 'live-holder', 100_000)).holder == 'live-holder'
+    await operator.write_entry('old-lease-expired', '0', 0, entry('expired'))
+    assert (await j.acquire_lease('old-lease-expired', 'dead-holder', 0.05)).holder == 'dead-holder'
+    time.sleep(1.2)  # the store's own clock ages them: no client clock is consulted (B-11)
+    await operator.write_entry('recent', '0', 0, entry('recent'))
 
-    pruned = await j.prune(older_than=600)
+    pruned = await j.prune(older_than=0.6)
 
     assert sorted(pruned) == ['old', 'old-lease-expired']
     assert [info.key for info in await j.list_executions()] == ['old-but-leased', 'recent']
@@ -416,110 +418,186 @@ async def test_b6_prune_deletes_old_unleased_executions_only(
     assert (await j.read_run('recent', '0')).entries == {0: entry('recent')}
 
 
-async def test_b6_prune_keeps_executions_touched_recently(backend_journal: Journal, backend_clock: list[float]) -> None:
+async def test_b13_prune_never_deletes_a_live_lease_whatever_the_client_clock_says(
+    backend_journal: Journal, backend_clock: list[float]
+) -> None:
     j = backend_journal
+    lease = await j.acquire_lease(KEY, 'running-attempt', 30)
+    assert await j.write_entry(KEY, '0', 0, entry('in progress'), epoch=lease.epoch)
+    backend_clock[0] = 2 * 86400.0  # this host's wall clock jumps two days ahead
+
+    assert await j.prune(older_than=86400) == []
+    assert (await j.read_run(KEY, '0')).entries == {0: entry('in progress')}
+    assert (await only_info(j)).status == 'running'
+    assert await j.write_entry(KEY, '0', 1, entry('still its own'), epoch=lease.epoch)
+
+
+async def test_b6_prune_keeps_executions_touched_recently(backend_store: Journal) -> None:
+    j = backend_store
     await j.write_entry('k', '0', 0, entry('first'))
-    backend_clock[0] = 3600.0
+    time.sleep(2.1)  # a disk journal stamps an execution's update time at most every 2 s
     await j.write_entry('k', '0', 1, entry('touched later'))  # any write refreshes the execution
-    assert await j.prune(older_than=600) == []
+    assert await j.prune(older_than=2.0) == []
     assert (await j.read_run('k', '0')).entries == {0: entry('first'), 1: entry('touched later')}
-    backend_clock[0] = 7200.0
-    assert await j.prune(older_than=600) == ['k']
+    time.sleep(2.1)
+    assert await j.prune(older_than=2.0) == ['k']
     assert await j.list_executions() == []
 
 
-# -- B-5: leases ---------------------------------------------------------------------------------
+# -- B-5, B-9: leases and fencing -----------------------------------------------------------------
 
 
 async def test_b5_lease_refuses_another_holder_while_live(backend_journal: Journal) -> None:
     j = backend_journal
     before = time.time()
-    assert await j.acquire_lease(KEY, 'A', 30) is None
+    mine = await j.acquire_lease(KEY, 'A', 30)
+    assert mine.holder == 'A'
 
     held = await j.acquire_lease(KEY, 'B', 30)
 
     assert isinstance(held, Lease)
-    assert held.holder == 'A'
+    assert (held.holder, held.epoch) == ('A', mine.epoch)
     assert before + 29 <= held.expires_at <= time.time() + 31
-    assert await j.renew_lease(KEY, 'B', 30) is False
-    assert await j.acquire_lease('another key', 'B', 30) is None  # leases are per execution
+    renewed = await j.renew_lease(KEY, 'B', mine.epoch, 30)
+    assert renewed is not None and renewed.holder == 'A'  # B renews nothing
+    assert (await j.acquire_lease('another key', 'B', 30)).holder == 'B'  # leases are per execution
 
 
-async def test_b5_holder_reacquires_its_own_lease(backend_journal: Journal) -> None:
+async def test_b9_every_acquisition_takes_a_new_epoch_never_reused(backend_journal: Journal) -> None:
     j = backend_journal
-    assert await j.acquire_lease(KEY, 'A', 5) is None
-    first = await j.acquire_lease(KEY, 'B', 5)
-    assert first is not None
-    assert await j.acquire_lease(KEY, 'A', 500) is None
-    second = await j.acquire_lease(KEY, 'B', 5)
-    assert second is not None and second.holder == 'A'
-    assert second.expires_at > first.expires_at + 400
+    first = await j.acquire_lease(KEY, 'A', 0.05)
+    again = await j.acquire_lease(KEY, 'A', 0.05)  # the holder itself, again
+    other = await j.acquire_lease('other key', 'A', 60)
+    time.sleep(0.1)
+    taken = await j.acquire_lease(KEY, 'B', 60)
+    assert first.epoch < again.epoch < other.epoch < taken.epoch
+    await j.delete_execution(KEY, epoch=taken.epoch)
+    fresh = await j.acquire_lease(KEY, 'C', 60)  # the execution is gone, its epochs are not reused
+    assert fresh.epoch > taken.epoch
+
+
+async def test_b9_a_write_with_a_stale_epoch_stores_nothing_and_raises_lease_lost(backend_journal: Journal) -> None:
+    j = backend_journal
+    stale = await j.acquire_lease(KEY, 'A', 0.05)
+    assert await j.write_entry(KEY, '0', 0, entry('A wrote this'), epoch=stale.epoch)
+    time.sleep(0.1)
+    current = await j.acquire_lease(KEY, 'B', 60)
+    assert await j.write_entry(KEY, '0', 0, entry('B wrote this'), epoch=current.epoch)
+    assert await j.write_execution(KEY, {'v': 1, 'attempts': 2}, epoch=current.epoch)
+
+    writes = [
+        j.write_entry(KEY, '0', 0, entry('A again'), epoch=stale.epoch),
+        j.write_entry(KEY, '0', 5, entry('A, new position'), epoch=stale.epoch),
+        j.write_record(KEY, '0', 'meta', {'v': 1}, epoch=stale.epoch),
+        j.write_execution(KEY, {'v': 1, 'attempts': 1}, epoch=stale.epoch),
+        j.delete_run(KEY, '0', epoch=stale.epoch),
+        j.delete_execution(KEY, epoch=stale.epoch),
+    ]
+    for write in writes:
+        with pytest.raises(LeaseLost) as lost:
+            await write
+        assert lost.value.holder == 'B'
+        assert 'B' in str(lost.value)
+
+    assert await j.read_run(KEY, '0') == RunSnapshot(entries={0: entry('B wrote this')})
+    assert await j.read_execution(KEY) == {'v': 1, 'attempts': 2}
+
+
+async def test_b9_a_write_without_the_lease_is_refused(backend_journal: Journal) -> None:
+    j = backend_journal
+    with pytest.raises(LeaseLost) as never:
+        await j.write_entry(KEY, '0', 0, entry('no lease taken'), epoch=1)
+    assert never.value.holder is None
+    lease = await j.acquire_lease(KEY, 'A', 60)
+    assert await j.write_entry(KEY, '0', 0, entry('leased'), epoch=lease.epoch)
+    await j.release_lease(KEY, 'A', lease.epoch)
+    with pytest.raises(LeaseLost):  # given back: the epoch no longer writes
+        await j.write_entry(KEY, '0', 1, entry('after release'), epoch=lease.epoch)
+    assert (await j.read_run(KEY, '0')).entries == {0: entry('leased')}
 
 
 async def test_b5_expired_lease_is_taken_over(backend_journal: Journal) -> None:
     j = backend_journal
-    assert await j.acquire_lease(KEY, 'A', 0.05) is None
+    first = await j.acquire_lease(KEY, 'A', 0.05)
     time.sleep(0.1)
 
-    assert await j.acquire_lease(KEY, 'B', 30) is None
+    assert (await j.acquire_lease(KEY, 'B', 30)).holder == 'B'
 
     held = await j.acquire_lease(KEY, 'A', 30)
-    assert held is not None and held.holder == 'B'
-    assert await j.renew_lease(KEY, 'A', 30) is False  # A lost it
+    assert held.holder == 'B'
+    renewed = await j.renew_lease(KEY, 'A', first.epoch, 30)
+    assert renewed is not None and renewed.holder == 'B'  # A lost it
 
 
-async def test_b5_live_lease_is_taken_over_only_from_the_named_holder(backend_journal: Journal) -> None:
+async def test_b13_force_takes_a_live_lease_under_a_new_epoch(backend_journal: Journal) -> None:
     j = backend_journal
-    assert await j.acquire_lease(KEY, 'A', 60) is None
+    first = await j.acquire_lease(KEY, 'A', 60)
+    assert (await j.acquire_lease(KEY, 'B', 60)).holder == 'A'
 
-    wrong = await j.acquire_lease(KEY, 'B', 60, take_over='C')
-    assert wrong is not None and wrong.holder == 'A'
+    forced = await j.acquire_lease(KEY, 'B', 60, force=True)
 
-    assert await j.acquire_lease(KEY, 'B', 60, take_over='A') is None
-    held = await j.acquire_lease(KEY, 'C', 60)
-    assert held is not None and held.holder == 'B'
+    assert forced.holder == 'B' and forced.epoch > first.epoch
+    with pytest.raises(LeaseLost):
+        await j.write_entry(KEY, '0', 0, entry('A after the force'), epoch=first.epoch)
+    assert (await j.acquire_lease(KEY, 'C', 60)).holder == 'B'
+
+
+async def test_b12_a_holder_of_this_process_that_ended_is_taken_over_at_once(backend_journal: Journal) -> None:
+    j = backend_journal
+    ended, running = new_holder(), new_holder()
+    start_holding(running)
+    try:
+        assert (await j.acquire_lease(KEY, ended, 60)).holder == ended  # never marked running: it ended
+        assert (await j.acquire_lease('other', running, 60)).holder == running
+
+        assert (await j.acquire_lease(KEY, new_holder(), 60)).holder != ended  # taken at once
+        assert (await j.acquire_lease('other', new_holder(), 60)).holder == running  # a live one is respected
+    finally:
+        end_holding(running)
 
 
 async def test_b5_renew_extends_only_the_holders_lease(backend_journal: Journal) -> None:
     j = backend_journal
-    assert await j.renew_lease(KEY, 'A', 30) is False  # nothing to renew
-    assert await j.acquire_lease(KEY, 'A', 1) is None
+    assert await j.renew_lease(KEY, 'A', 1, 30) is None  # nothing to renew
+    mine = await j.acquire_lease(KEY, 'A', 1)
     first = await j.acquire_lease(KEY, 'X', 1)
-    assert first is not None
 
-    assert await j.renew_lease(KEY, 'A', 1000) is True
+    wrong_epoch = await j.renew_lease(KEY, 'A', mine.epoch + 1000, 1000)
+    assert wrong_epoch is not None and wrong_epoch.expires_at < first.expires_at + 1
+    renewed = await j.renew_lease(KEY, 'A', mine.epoch, 1000)
 
-    renewed = await j.acquire_lease(KEY, 'X', 1)
-    assert renewed is not None and renewed.holder == 'A'
-    assert renewed.expires_at >= first.expires_at + 900
+    assert renewed is not None and (renewed.holder, renewed.epoch) == ('A', mine.epoch)
+    held = await j.acquire_lease(KEY, 'X', 1)
+    assert held.holder == 'A'
+    assert held.expires_at >= first.expires_at + 900
 
 
 async def test_b5_release_frees_only_the_holders_lease_and_keeps_data(backend_journal: Journal) -> None:
     j = backend_journal
-    await j.write_entry(KEY, '0', 0, entry('kept'))
-    await j.write_execution(KEY, {'v': 1, 'status': 'finished'})
-    assert await j.acquire_lease(KEY, 'A', 60) is None
+    await Operator(j).write_entry(KEY, '0', 0, entry('kept'))
+    await Operator(j).write_execution(KEY, {'v': 1, 'status': 'finished'})
+    a = await j.acquire_lease(KEY, 'A', 60)
 
-    await j.release_lease(KEY, 'B')  # not the holder: no effect
-    held = await j.acquire_lease(KEY, 'B', 60)
-    assert held is not None and held.holder == 'A'
+    await j.release_lease(KEY, 'B', a.epoch)  # not the holder: no effect
+    await j.release_lease(KEY, 'A', a.epoch + 1)  # not its epoch: no effect
+    assert (await j.acquire_lease(KEY, 'B', 60)).holder == 'A'
 
-    await j.release_lease(KEY, 'A')
-    assert await j.renew_lease(KEY, 'A', 60) is False
+    await j.release_lease(KEY, 'A', a.epoch)
+    assert await j.renew_lease(KEY, 'A', a.epoch, 60) is None
     assert (await j.read_run(KEY, '0')).entries == {0: entry('kept')}
     assert (await only_info(j)).status == 'finished'
-    assert await j.acquire_lease(KEY, 'B', 60) is None
-    await j.release_lease(KEY, 'A')  # released twice: no effect on B
-    held = await j.acquire_lease(KEY, 'C', 60)
-    assert held is not None and held.holder == 'B'
+    b = await j.acquire_lease(KEY, 'B', 60)
+    assert b.holder == 'B'
+    await j.release_lease(KEY, 'A', a.epoch)  # released twice: no effect on B
+    assert (await j.acquire_lease(KEY, 'C', 60)).holder == 'B'
 
 
 async def test_b5_a_lease_alone_is_not_an_execution(backend_journal: Journal) -> None:
     j = backend_journal
-    assert await j.acquire_lease(KEY, 'A', 60) is None
+    lease = await j.acquire_lease(KEY, 'A', 60)
     assert await j.list_executions() == []  # held, but nothing stored yet
     assert await j.prune(older_than=0) == []
-    await j.release_lease(KEY, 'A')
+    await j.release_lease(KEY, 'A', lease.epoch)
     assert await j.list_executions() == []
     assert await j.read_execution(KEY) is None
 
@@ -544,14 +622,12 @@ KEY_PAIRS = {
 
 @pytest.mark.parametrize(('first', 'second'), KEY_PAIRS.values(), ids=KEY_PAIRS.keys())
 async def test_j6_b4_keys_never_alias(backend_case: BackendCase, first: str, second: str) -> None:
-    j = backend_case.journal
+    j = Operator(backend_case.journal)
     for key in (first, second):
         assert await j.write_entry(key, '0', 0, entry(key)) is True
         assert await j.write_record(key, '0', 'meta', {'v': 1, 'key': key}) is True
         assert await j.write_execution(key, {'v': 1, 'key': key}) is True
     assert await j.write_entry(first, '0', 1, entry('only in first')) is True
-    assert await j.acquire_lease(first, 'holder-1', 60) is None
-    assert await j.acquire_lease(second, 'holder-2', 60) is None  # independent leases
 
     reader = backend_case.reopen()
     assert (await reader.read_run(first, '0')).entries == {0: entry(first), 1: entry('only in first')}
@@ -564,20 +640,24 @@ async def test_j6_b4_keys_never_alias(backend_case: BackendCase, first: str, sec
     assert set(infos) == {first, second}  # keys come back exactly, however long or odd
     assert (infos[first].steps, infos[second].steps) == (2, 1)
 
-    await j.delete_run(second, '0')
+    raw = backend_case.journal
+    one, two = await raw.acquire_lease(first, 'holder-1', 60), await raw.acquire_lease(second, 'holder-2', 60)
+    assert (one.holder, two.holder) == ('holder-1', 'holder-2')  # independent leases
+    await raw.delete_run(second, '0', epoch=two.epoch)
     assert (await j.read_run(first, '0')).entries == {0: entry(first), 1: entry('only in first')}
-    await j.delete_execution(first)
+    with pytest.raises(LeaseLost):  # one execution's epoch never writes another's
+        await raw.delete_execution(first, epoch=two.epoch)
+    await raw.delete_execution(first, epoch=one.epoch)
     assert await j.read_execution(second) == {'v': 1, 'key': second}
-    held = await j.acquire_lease(second, 'intruder', 60)
-    assert held is not None and held.holder == 'holder-2'
+    assert (await raw.acquire_lease(second, 'intruder', 60)).holder == 'holder-2'
 
 
 async def test_j8_second_journal_object_reads_and_writes_what_the_first_wrote(backend_case: BackendCase) -> None:
     first = backend_case.journal
-    await first.write_entry(KEY, '0', 0, entry({'answer': 42}))
-    await first.write_record(KEY, '0', 'meta', {'v': 1, 'high_water': 1})
-    await first.write_execution(KEY, {'v': 1, 'runs': ['0']})
-    assert await first.acquire_lease(KEY, 'first', 60) is None
+    lease = await first.acquire_lease(KEY, 'first', 60)
+    await first.write_entry(KEY, '0', 0, entry({'answer': 42}), epoch=lease.epoch)
+    await first.write_record(KEY, '0', 'meta', {'v': 1, 'high_water': 1}, epoch=lease.epoch)
+    await first.write_execution(KEY, {'v': 1, 'runs': ['0']}, epoch=lease.epoch)
 
     second = backend_case.reopen()  # a new object over the same store, used without open()
     assert await second.read_run(KEY, '0') == RunSnapshot(
@@ -585,8 +665,10 @@ async def test_j8_second_journal_object_reads_and_writes_what_the_first_wrote(ba
     )
     assert await second.read_execution(KEY) == {'v': 1, 'runs': ['0']}
     held = await second.acquire_lease(KEY, 'second', 60)
-    assert held is not None and held.holder == 'first'
-    await second.write_entry(KEY, '0', 1, entry('from the second object'))
+    assert held.holder == 'first'
+    await second.write_entry(
+        KEY, '0', 1, entry('from the second object'), epoch=lease.epoch
+    )  # the lease is the store's
     assert (await first.read_run(KEY, '0')).entries[1] == entry('from the second object')
 
 
@@ -602,11 +684,12 @@ async def main():
     await journal.open()
     snapshot = await journal.read_run(sys.argv[2], '0')
     lease = await journal.acquire_lease(sys.argv[2], 'child', 60)
+    epoch = int(sys.argv[3])  # the parent's lease: the store, not the process, decides who may write
     await journal.write_entry(sys.argv[2], '0', 1, {'v': 1, 'name': 'child', 'kind': 'tool', 'fingerprint': None,
-                                                     'payload': 'written by the child'})
+                                                     'payload': 'written by the child'}, epoch=epoch)
     print(json.dumps({'entries': {str(k): v for k, v in snapshot.entries.items()}, 'records': snapshot.records,
                       'execution': await journal.read_execution(sys.argv[2]),
-                      'lease_holder': lease.holder if lease else None}))
+                      'lease_holder': lease.holder}))
     await journal.close()
 
 asyncio.run(main())
@@ -618,13 +701,17 @@ async def test_j8_another_process_reads_and_writes_the_same_directory(tmp_path: 
     journal = DiskJournal(path)
     await journal.open()
     key = 'proc/key:\u00e9'
-    await journal.write_entry(key, '0', 0, entry({'rows': (1, 2)}))
-    await journal.write_record(key, '0', 'meta', {'v': 1, 'diverge_from': None})
-    await journal.write_execution(key, {'v': 1, 'runs': ['0']})
-    assert await journal.acquire_lease(key, 'parent', 60) is None
+    lease = await journal.acquire_lease(key, 'parent', 60)
+    await journal.write_entry(key, '0', 0, entry({'rows': (1, 2)}), epoch=lease.epoch)
+    await journal.write_record(key, '0', 'meta', {'v': 1, 'diverge_from': None}, epoch=lease.epoch)
+    await journal.write_execution(key, {'v': 1, 'runs': ['0']}, epoch=lease.epoch)
 
     child = subprocess.run(
-        [sys.executable, '-c', CHILD, str(path), key], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, '-c', CHILD, str(path), key, str(lease.epoch)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
     assert child.returncode == 0, child.stderr
@@ -644,14 +731,14 @@ async def test_j8_disk_store_never_evicts_and_keeps_values_inside_sqlite(tmp_pat
     journal = DiskJournal(path)
     await journal.open()
     big = 'x' * 300_000
-    assert await journal.write_entry(KEY, '0', 0, entry(big)) is True
+    assert await Operator(journal).write_entry(KEY, '0', 0, entry(big)) is True
     await journal.close()
 
     with diskcache.Cache(str(path)) as cache:  # settings persist in the directory
         assert cache.eviction_policy == 'none'
         assert cache.cull_limit == 0  # no expiry query on every write: nothing here ever expires
         assert cache.get(f'{execution_id(KEY)}/e/0/0') is not None
-    side_files = [p for p in path.rglob('*') if p.is_file() and not p.name.startswith('cache.db')]
+    side_files = [p for p in path.rglob('*') if p.is_file() and not p.name.startswith(('cache.db', 'journal-id'))]
     assert side_files == []  # diskcache never fsyncs side files (B-2)
     reopened = DiskJournal(path)
     assert (await reopened.read_run(KEY, '0')).entries[0]['payload'] == big
@@ -666,9 +753,9 @@ async def test_j3_disk_value_of_a_foreign_type_reads_as_absent(tmp_path: Path, r
     path = tmp_path / 'j'
     journal = DiskJournal(path)
     await journal.open()
-    await journal.write_entry(KEY, '0', 0, entry('good'))
-    await journal.write_entry(KEY, '0', 1, entry('replaced by a foreign value'))
-    await journal.write_execution(KEY, {'v': 1})
+    await Operator(journal).write_entry(KEY, '0', 0, entry('good'))
+    await Operator(journal).write_entry(KEY, '0', 1, entry('replaced by a foreign value'))
+    await Operator(journal).write_execution(KEY, {'v': 1})
     with diskcache.Cache(str(path)) as cache:
         cache.set(f'{execution_id(KEY)}/e/0/1', raw)
         cache.set(f'{execution_id(KEY)}/x', raw)
@@ -685,7 +772,7 @@ async def test_b6_disk_listing_survives_a_foreign_typed_value(tmp_path: Path) ->
     path = tmp_path / 'j'
     journal = DiskJournal(path)
     await journal.open()
-    await journal.write_entry(KEY, '0', 0, entry('good'))
+    await Operator(journal).write_entry(KEY, '0', 0, entry('good'))
     with diskcache.Cache(str(path)) as cache:
         cache.set(f'{execution_id(KEY)}/e/0/0', 12345)
         cache.set(f'{execution_id(KEY)}/x', 12345.5)
@@ -700,12 +787,12 @@ async def test_c1_disk_unreadable_head_does_not_orphan_entries(tmp_path: Path) -
     journal = DiskJournal(path)
     await journal.open()
     for position in range(3):
-        await journal.write_entry(KEY, '0', position, entry(position))
+        await Operator(journal).write_entry(KEY, '0', position, entry(position))
     eid = execution_id(KEY)
     with diskcache.Cache(str(path)) as cache:
         cache.set(f'{eid}/h', 'written by another release')
 
-    await journal.delete_execution(KEY)
+    await Operator(journal).delete_execution(KEY)
     await journal.close()
 
     with diskcache.Cache(str(path)) as cache:
@@ -720,7 +807,7 @@ async def test_c1_disk_cleanup_after_an_unreadable_head_leaves_nothing(tmp_path:
     journal = DiskJournal(path)
     await journal.open()
     for position in range(3):
-        await journal.write_entry(KEY, '0', position, entry(position))
+        await Operator(journal).write_entry(KEY, '0', position, entry(position))
     eid = execution_id(KEY)
     with diskcache.Cache(str(path)) as cache:
         cache.set(f'{eid}/h', 'written by another release')

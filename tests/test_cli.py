@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from helpers import Calls, two_step_agent
+from helpers import Calls, Operator, two_step_agent
 from pg import fresh_schema
 from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -298,7 +298,7 @@ def test_cli1_show_an_entry_the_core_cannot_read(journal_copy: Path) -> None:
     async def write_foreign_entry() -> None:
         journal = DiskJournal(journal_copy)
         entry = {'v': 2, 'name': 'two_step__model.request', 'kind': 'model', 'fingerprint': None, 'payload': 'x'}
-        assert await journal.write_entry(FAILED, '0', 2, entry)
+        assert await Operator(journal).write_entry(FAILED, '0', 2, entry)
         await journal.close()
 
     run(write_foreign_entry())
@@ -345,7 +345,7 @@ def test_cli2_delete_then_show(journal_copy: Path) -> None:
 def test_cli2_delete_refuses_a_running_execution(journal_copy: Path) -> None:
     async def hold() -> None:
         journal = DiskJournal(journal_copy)
-        assert await journal.acquire_lease(FAILED, 'worker-on-another-host', 600) is None
+        assert (await journal.acquire_lease(FAILED, 'worker-on-another-host', 600)).holder == 'worker-on-another-host'
         await journal.close()
 
     run(hold())

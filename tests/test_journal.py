@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -18,11 +17,13 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from helpers import Operator
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 
-from pydantic_ai_durable import ExecutionBusy, JournalUnavailable
+from pydantic_ai_durable import ExecutionBusy, JournalError, JournalUnavailable
 from pydantic_ai_durable._journal import Attempt, CleanupMode, Kind, Run, SimulatedCrash, Step
 from pydantic_ai_durable.journals import DiskJournal, Journal, MemoryJournal, RunSnapshot
+from pydantic_ai_durable.journals._holder import end_holding, new_holder, start_holding
 
 if TYPE_CHECKING:
     from conftest import BackendCase
@@ -34,8 +35,13 @@ LOGGER = 'pydantic_ai_durable'
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def make_attempt(journal: Journal, key: str = KEY, cleanup: CleanupMode = 'never', lease_ttl: float = 30) -> Attempt:
-    return Attempt(key, journal=journal, default_journal=lambda: journal, cleanup=cleanup, lease_ttl=lease_ttl)
+def make_attempt(
+    journal: Journal, key: str = KEY, cleanup: CleanupMode = 'never', lease_ttl: float = 30, **options: Any
+) -> Attempt:
+    options.setdefault('write_timeout', 0.2)  # a failing store is retried this long before the attempt stops
+    return Attempt(
+        key, journal=journal, default_journal=lambda: journal, cleanup=cleanup, lease_ttl=lease_ttl, **options
+    )
 
 
 class Bodies:
@@ -115,27 +121,27 @@ class RefusesNames(Wrapped):
         super().__init__(inner)
         self.names = names
 
-    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any]) -> bool:
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
         if entry['name'] in self.names:
             return False
-        return await self.inner.write_entry(key, run, position, entry)
+        return await self.inner.write_entry(key, run, position, entry, epoch=epoch)
 
 
 class WriteRaises(Wrapped):
-    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any]) -> bool:
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
         raise OSError('disk I/O error')
 
 
 class DeleteRaises(Wrapped):
-    async def delete_run(self, key: str, run: str) -> None:
+    async def delete_run(self, key: str, run: str, *, epoch: int) -> None:
         raise OSError('delete failed')
 
-    async def delete_execution(self, key: str) -> None:
+    async def delete_execution(self, key: str, *, epoch: int) -> None:
         raise OSError('delete failed')
 
 
 class RecordRefused(Wrapped):
-    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any]) -> bool:
+    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any], *, epoch: int) -> bool:
         return False
 
 
@@ -242,7 +248,7 @@ async def test_m5_b19_unfingerprinted_step_replays_only_after_a_replay(
 ) -> None:
     j = backend_journal
     bodies = Bodies()
-    first = make_attempt(j)
+    first = make_attempt(j, on_write_error='continue')
     run = await first.start_run(RefusesNames(j, {'t'}))
     await bodies.run(run, 't', fp='t')  # refused by storage
     await bodies.run(run, 'o', kind='other', fp=None)
@@ -292,7 +298,7 @@ async def test_m6_non_replayable_claim_resets_previous_replayed(backend_journal:
 async def test_m3_w2_b20_refused_step_runs_live_and_a_later_step_replays(backend_journal: Journal) -> None:
     j = backend_journal
     bodies = Bodies()
-    first = make_attempt(j)
+    first = make_attempt(j, on_write_error='continue')
     run = await first.start_run(RefusesNames(j, {'agent__function_toolset__t.call_tool:send'}))
     await bodies.run(run, 'agent__function_toolset__t.call_tool:send', fp='s')
     await bodies.run(run, 'agent__model.request', kind='model', fp='m')
@@ -392,11 +398,11 @@ async def test_w1_entry_holds_version_name_kind_fingerprint_and_payload(backend_
     assert attempt.stats.recorded == Counter(model=1)
 
 
-@pytest.mark.parametrize('failure', ['refused', 'raises', 'unstorable', 'to_record_raises'])
-async def test_w2_save_that_fails_returns_false_and_warns_at_once(
-    backend_journal: Journal, caplog: pytest.LogCaptureFixture, failure: str
-) -> None:
-    j = backend_journal
+SAVE_FAILURES = ['refused', 'raises', 'unstorable', 'to_record_raises']
+
+
+def failing_save(j: Journal, failure: str) -> tuple[Any, Any, Any]:
+    """The journal, payload and `to_record` of a save that fails in the way named."""
     payload: Any = 'result'
     to_record = None
     journal: Any = j
@@ -411,7 +417,16 @@ async def test_w2_save_that_fails_returns_false_and_warns_at_once(
         def to_record(value: Any) -> Any:
             raise ValueError('cannot mask')
 
-    attempt = make_attempt(j)
+    return journal, payload, to_record
+
+
+@pytest.mark.parametrize('failure', SAVE_FAILURES)
+async def test_w2_continue_mode_save_that_fails_returns_false_and_warns_at_once(
+    backend_journal: Journal, caplog: pytest.LogCaptureFixture, failure: str
+) -> None:
+    j = backend_journal
+    journal, payload, to_record = failing_save(j, failure)
+    attempt = make_attempt(j, on_write_error='continue')
     run = await attempt.start_run(journal)
     run.claim('first', 'tool', 'f')
     step = run.claim('send_email', 'tool', 'fp')
@@ -421,10 +436,41 @@ async def test_w2_save_that_fails_returns_false_and_warns_at_once(
     assert saved is False
     assert attempt.stats.not_recorded == [('tool', 'send_email')]
     assert attempt.stats.recorded.total() == 0
-    (warning,) = warnings_of(caplog)  # logged at refusal time, before the attempt ends
-    assert 'step 1 (send_email)' in warning
+    assert any('step 1 (send_email)' in warning for warning in warnings_of(caplog))  # at once, not at the end
     assert 1 not in (await j.read_run(KEY, '0')).entries
+    later = run.claim('later', 'tool', 'fl')  # the attempt goes on
+    await later.start()
     await attempt.finish(None)
+
+
+@pytest.mark.parametrize('failure', SAVE_FAILURES)
+async def test_jf2_jf5_save_that_fails_stops_the_attempt_before_the_next_step(
+    backend_journal: Journal, failure: str
+) -> None:
+    j = backend_journal
+    journal, payload, to_record = failing_save(j, failure)
+    attempt = make_attempt(j)
+    run = await attempt.start_run(journal)
+    run.claim('first', 'tool', 'f')
+    step = run.claim('send_email', 'tool', 'fp')
+
+    expected = JournalUnavailable if failure == 'raises' else JournalError
+    with pytest.raises(expected) as stopped:
+        await step.record(payload, to_record=to_record)
+
+    assert 'send_email' in str(stopped.value) or failure == 'raises'
+    if failure == 'raises':  # the store is broken: no later step of this attempt starts
+        assert 'nothing ran unrecorded' in str(stopped.value)
+        with pytest.raises(JournalUnavailable):
+            run.claim('later', 'tool', 'fl')
+        assert 1 not in (await j.read_run(KEY, '0')).entries
+    elif failure == 'refused':  # this store refuses the step's name, its fence included
+        assert 1 not in (await j.read_run(KEY, '0')).entries
+    else:  # the result cannot be journaled: a fence stands at its position (JF-5)
+        fence = (await j.read_run(KEY, '0')).entries[1]
+        assert fence['name'] == 'send_email' and fence['payload'] is None and fence['unjournalable']
+    assert attempt.stats.recorded.total() == 0
+    await attempt.finish(stopped.value)
 
 
 async def test_w5_raising_body_records_nothing_and_propagates(backend_journal: Journal) -> None:
@@ -491,7 +537,9 @@ async def test_d5_divergence_is_per_run(backend_journal: Journal) -> None:
 async def test_s3_m8_peek_reads_ahead_obeys_fences_and_is_consumed_by_the_claim(backend_journal: Journal) -> None:
     j = backend_journal
     await record_all(j, [('a', 'model', 'f0'), ('b', 'tool', 'f1'), ('c', 'model', 'f2')])
-    await j.write_record(KEY, '0', 'meta', {'v': 1, 'diverge_from': 2, 'high_water': 3, 'model_at_fault': False})
+    await Operator(j).write_record(
+        KEY, '0', 'meta', {'v': 1, 'diverge_from': 2, 'high_water': 3, 'model_at_fault': False}
+    )
     attempt = make_attempt(j)
     run = await attempt.start_run(j)
 
@@ -551,9 +599,9 @@ async def test_p2_claims_are_synchronous_so_parallel_steps_keep_start_order(back
             super().__init__(inner)
             self.order: list[int] = []
 
-        async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any]) -> bool:
+        async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
             self.order.append(position)
-            return await self.inner.write_entry(key, run, position, entry)
+            return await self.inner.write_entry(key, run, position, entry, epoch=epoch)
 
     spy = Spy(j)
     first = make_attempt(j)
@@ -1074,7 +1122,7 @@ async def test_f7_meta_fence_is_read_leniently_and_applied_at_claim_time(
 ) -> None:
     j = backend_journal
     await record_all(j, [('a', 'model', 'fa'), ('b', 'tool', 'fb')])
-    assert await j.write_record(KEY, '0', 'meta', meta)
+    assert await Operator(j).write_record(KEY, '0', 'meta', meta)
     attempt = make_attempt(j)
     run = await attempt.start_run(j)
     steps = [run.claim('a', 'model', 'fa'), run.claim('b', 'tool', 'fb')]
@@ -1091,7 +1139,7 @@ async def test_f7_meta_fence_is_read_leniently_and_applied_at_claim_time(
 
 async def test_f6_high_water_of_an_unreadable_meta_counts_as_zero(backend_journal: Journal) -> None:
     j = backend_journal
-    assert await j.write_record(KEY, '0', 'meta', {'v': 1, 'diverge_from': None, 'high_water': 'lots'})
+    assert await Operator(j).write_record(KEY, '0', 'meta', {'v': 1, 'diverge_from': None, 'high_water': 'lots'})
     attempt = make_attempt(j)
     run = await attempt.start_run(j)
     run.claim('a', 'tool', 'f')
@@ -1181,8 +1229,10 @@ async def test_b3_entry_of_unknown_version_or_shape_runs_live_with_one_warning(
     backend_journal: Journal, caplog: pytest.LogCaptureFixture, bad: dict[str, Any]
 ) -> None:
     j = backend_journal
-    assert await j.write_entry(KEY, '0', 0, bad)
-    assert await j.write_entry(KEY, '0', 1, {**GOOD, 'name': 's1', 'fingerprint': 'f1', 'payload': 'recorded'})
+    assert await Operator(j).write_entry(KEY, '0', 0, bad)
+    assert await Operator(j).write_entry(
+        KEY, '0', 1, {**GOOD, 'name': 's1', 'fingerprint': 'f1', 'payload': 'recorded'}
+    )
     bodies = Bodies()
     attempt = make_attempt(j)
     run = await attempt.start_run(j)
@@ -1218,7 +1268,7 @@ async def test_j3_f47_stored_non_dict_entry_runs_live(
 async def test_j3_unreadable_meta_is_no_fence(backend_case: BackendCase) -> None:
     j = backend_case.journal
     await record_all(j, [('s0', 'tool', 'f0'), ('s1', 'tool', 'f1')])
-    await j.write_record(KEY, '0', 'meta', {'v': 1, 'diverge_from': 0, 'high_water': 2})
+    await Operator(j).write_record(KEY, '0', 'meta', {'v': 1, 'diverge_from': 0, 'high_water': 2})
     backend_case.put_raw(('record', KEY, '0', 'meta'), 'not json {')
     attempt = make_attempt(j)
     run = await attempt.start_run(j)
@@ -1227,17 +1277,36 @@ async def test_j3_unreadable_meta_is_no_fence(backend_case: BackendCase) -> None
     await attempt.finish(None)
 
 
-async def test_b7_unreadable_run_runs_live_with_a_warning(
-    backend_journal: Journal, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_jf1_a_run_whose_entries_cannot_be_read_stops_before_any_step(backend_journal: Journal) -> None:
     j = backend_journal
     await record_all(j, [('s0', 'tool', 'f0')])
     attempt = make_attempt(j)
-    run = await attempt.start_run(ReadRunRaises(j))
-    step = run.claim('s0', 'tool', 'f0')
+    with pytest.raises(JournalUnavailable) as unavailable:
+        await attempt.start_run(ReadRunRaises(j))
+    await attempt.finish(unavailable.value)
+    message = str(unavailable.value)
+    assert 'connection reset' in message and 'never taken for an empty one' in message
+    assert attempt.runs == []  # no run started, so no step could run live
+
+    retry = make_attempt(j)  # once the store reads again, everything recorded replays
+    run = await retry.start_run(j)
+    assert run.claim('s0', 'tool', 'f0').replayed
+    await retry.finish(None)
+
+
+async def test_jf1_an_execution_record_that_cannot_be_read_is_no_fresh_start(backend_journal: Journal) -> None:
+    j = backend_journal
+    await record_all(j, [('s0', 'tool', 'f0')])
+
+    class RecordUnreadable(Wrapped):
+        async def read_execution(self, key: str) -> dict[str, Any] | None:
+            raise OSError('statement timeout')
+
+    attempt = make_attempt(j)
+    with pytest.raises(JournalUnavailable, match='statement timeout'):
+        await attempt.open(RecordUnreadable(j))
     await attempt.finish(None)
-    assert not step.replayed
-    assert any('could not be read' in w and 'connection reset' in w for w in warnings_of(caplog))
+    assert (await j.read_execution(KEY) or {})['attempts'] == 1  # nothing was overwritten as if new
 
 
 # -- E. Cleanup (C) ------------------------------------------------------------------------------
@@ -1349,7 +1418,7 @@ async def test_c3_simulated_crash_writes_nothing_but_frees_the_lease(backend_jou
     (info,) = await j.list_executions()
     assert info.status == 'failed'  # the record still says running, but nobody holds it
     assert (await j.read_execution(KEY) or {})['status'] == 'running'
-    assert await j.acquire_lease(KEY, 'next attempt', 30) is None
+    assert (await j.acquire_lease(KEY, 'next attempt', 30)).holder == 'next attempt'
 
 
 async def test_c5_e43_cleanup_never_raises_when_delete_raises(
@@ -1381,7 +1450,7 @@ async def test_s2_f50_summary_and_warnings_for_steps_not_recorded(
     j = backend_journal
     caplog.set_level(logging.INFO, logger=LOGGER)
     journal = RefusesNames(j, {'send_email', 'notify', 'agent__model.request.big'})
-    attempt = make_attempt(j)
+    attempt = make_attempt(j, on_write_error='continue')
     run = await attempt.start_run(journal)
     await run.claim('agent__model.request', 'model', 'm').record('answer')
     for name in ('send_email', 'notify', 'send_email'):
@@ -1460,38 +1529,60 @@ async def test_b5_second_attempt_is_busy_while_the_first_is_open(backend_journal
     await third.finish(None)
 
 
-async def test_b5_lease_held_by_a_dead_process_on_this_host_is_taken_over_at_once(backend_journal: Journal) -> None:
+async def test_b12_jf3_lease_left_by_an_ended_attempt_of_this_process_is_taken_over_at_once(
+    backend_journal: Journal,
+) -> None:
     j = backend_journal
-    pid = dead_pid()
-    dead_holder = f'{socket.gethostname()}:{pid}:x'
-    assert await j.acquire_lease(KEY, dead_holder, 3600) is None
+
+    class ReleaseFails(Wrapped):  # the store failed as the first attempt ended: its lease stays behind
+        async def release_lease(self, key: str, holder: str, epoch: int) -> None:
+            raise OSError('connection lost')
+
+    first = make_attempt(j, lease_ttl=3600)
+    await first.start_run(ReleaseFails(j))
+    await first.finish(RuntimeError('the run failed'))
+    assert [info.status for info in await j.list_executions()] == ['running']  # still leased, for an hour
 
     attempt = make_attempt(j)
     started = time.monotonic()
     await attempt.start_run(j)
-    assert time.monotonic() - started < 5  # no waiting for the hour-long lease
+    assert time.monotonic() - started < 5  # no waiting for the hour-long lease: its holder is this process's, ended
 
     held = await j.acquire_lease(KEY, 'someone else', 30)
-    assert held is not None and held.holder == attempt.holder
+    assert held.holder == attempt.holder
     await attempt.finish(None)
 
 
-@pytest.mark.parametrize('holder', ['elsewhere.example.com:1:x', 'this-process', 'no-pid-at-all'])
-async def test_b5_live_lease_of_another_host_or_a_live_process_is_respected(
+@pytest.mark.parametrize(
+    'holder',
+    [
+        'elsewhere.example.com:1:x',  # an older release's format: nothing can be proved
+        'this-process-live',  # another attempt of this process, still running
+        f'{socket.gethostname()}:1:0123456789ab:1',  # this release's format, another process, unprovable
+        'no-pid-at-all',
+    ],
+)
+async def test_b5_b12_live_lease_of_another_host_or_a_live_attempt_is_respected(
     backend_journal: Journal, holder: str
 ) -> None:
     j = backend_journal
-    if holder == 'this-process':
-        holder = f'{socket.gethostname()}:{os.getpid()}:other'
-    assert await j.acquire_lease(KEY, holder, 3600) is None
-    with pytest.raises(ExecutionBusy) as caught:
-        await make_attempt(j).open(j)
-    assert caught.value.holder == holder
+    live = holder == 'this-process-live'
+    if live:
+        holder = new_holder()
+        start_holding(holder)
+    try:
+        assert (await j.acquire_lease(KEY, holder, 3600)).holder == holder
+        with pytest.raises(ExecutionBusy) as caught:
+            await make_attempt(j).open(j)
+        assert caught.value.holder == holder
+    finally:
+        if live:
+            end_holding(holder)
 
 
 async def test_b5_expired_lease_is_taken_over(backend_journal: Journal) -> None:
     j = backend_journal
-    assert await j.acquire_lease(KEY, 'elsewhere.example.com:1:x', 0.05) is None
+    assert (await j.acquire_lease(KEY, 'elsewhere.example.com:1:x', 0.05)).holder == 'elsewhere.example.com:1:x'
     time.sleep(0.1)
     attempt = make_attempt(j)
     await attempt.open(j)
@@ -1516,7 +1607,7 @@ async def test_b7_refused_execution_record_is_unavailable_and_frees_the_lease(ba
     j = backend_journal
 
     class ExecutionRefused(Wrapped):
-        async def write_execution(self, key: str, value: dict[str, Any]) -> bool:
+        async def write_execution(self, key: str, value: dict[str, Any], *, epoch: int) -> bool:
             return False
 
     attempt = make_attempt(j)
@@ -1533,7 +1624,7 @@ async def test_b7_refused_execution_record_is_unavailable_and_frees_the_lease(ba
 @pytest.mark.parametrize('runs', [5, None])
 async def test_b3_execution_record_of_the_wrong_shape_does_not_break_open(backend_journal: Journal, runs: Any) -> None:
     j = backend_journal
-    assert await j.write_execution(KEY, {'v': 1, 'runs': runs, 'attempts': 1})
+    assert await Operator(j).write_execution(KEY, {'v': 1, 'runs': runs, 'attempts': 1})
     attempt = make_attempt(j)
     try:
         run = await attempt.start_run(j)
@@ -1547,7 +1638,7 @@ async def test_b5_lease_is_released_when_opening_fails_after_taking_it(backend_j
     j = backend_journal
 
     class ExecutionWriteRaises(Wrapped):
-        async def write_execution(self, key: str, value: dict[str, Any]) -> bool:
+        async def write_execution(self, key: str, value: dict[str, Any], *, epoch: int) -> bool:
             raise OSError('connection lost')
 
     failing = make_attempt(j, lease_ttl=3600)

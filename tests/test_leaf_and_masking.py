@@ -9,49 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Calls, responses, tool_returns
+from helpers import Calls, Operator, Warehouse, responses, tool_returns
 from pydantic import TypeAdapter
 from pydantic_ai import Agent, FunctionToolset, ModelRetry, Tool
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred
 from pydantic_ai.messages import ModelMessage, ModelResponse, RetryPromptPart, TextPart, ToolCallPart, ToolReturn
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.tools import DeferredToolRequests, RunContext, ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset
-from pydantic_ai.toolsets.abstract import ToolsetTool
+from pydantic_ai.tools import DeferredToolRequests
 
 from pydantic_ai_durable import DiskJournal, Durable, JournalError, SecretRegistry, execution
 from pydantic_ai_durable.journals import Journal
 
 _ARGS = TypeAdapter(dict[str, Any]).validator
-
-
-class Warehouse(AbstractToolset[Any]):
-    """A custom leaf toolset: pydantic-ai runs it as-is, so only `Durable` can journal it."""
-
-    def __init__(self, tools: dict[str, Callable[..., Any]], *, id: str = 'warehouse', replayable: bool = True) -> None:
-        self.tools = tools
-        self._id = id
-        self.replayable = replayable
-
-    @property
-    def id(self) -> str | None:
-        return self._id
-
-    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
-        return {
-            name: ToolsetTool(
-                toolset=self,
-                tool_def=ToolDefinition(name=name, parameters_json_schema={'type': 'object'}),
-                max_retries=1,
-                args_validator=_ARGS,
-            )
-            for name in self.tools
-        }
-
-    async def call_tool(
-        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
-    ) -> Any:
-        return self.tools[name](**tool_args)
 
 
 def leaf_agent(
@@ -262,7 +231,7 @@ async def test_d37_t6_unknown_leaf_payload_kind_runs_live(new_journal: Any) -> N
     for position, entry in snapshot.entries.items():
         if entry['kind'] == 'tool':
             entry['payload'] = {'kind': 'renamed_in_a_later_version'}
-            assert await journal.write_entry('d37', '0', position, entry)
+            assert await Operator(journal).write_entry('d37', '0', position, entry)
     async with execution('d37'):
         result = await leaf_agent(new_journal(), calls, lambda item: 'v2', crash_final=False).run('find it')
     assert json.loads(result.output)['returns'] == ['v2']

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from helpers import Operator
 from pg import drop_schema, fresh_schema, in_ci, postgres_dsn, put_raw  # noqa: F401  (postgres_dsn is a fixture)
 
 try:
@@ -71,6 +72,13 @@ async def pg(postgres_dsn: str) -> AsyncIterator[Pg]:  # noqa: F811
     drop_schema(dsn, schema)
 
 
+async def epoch_of(journal: PostgresJournal, key: str = KEY, holder: str = 'tests') -> int:
+    """The epoch of a lease taken for the test's writes, which every write must carry (B-9)."""
+    lease = await journal.acquire_lease(key, holder, 600)
+    assert lease.holder == holder
+    return lease.epoch
+
+
 async def only_info(journal: Journal, key: str = KEY) -> ExecutionInfo:
     infos = [info for info in await journal.list_executions() if info.key == key]
     assert len(infos) == 1, infos
@@ -82,9 +90,10 @@ async def only_info(journal: Journal, key: str = KEY) -> ExecutionInfo:
 
 async def test_perf3_read_run_and_writes_are_one_statement_each(pg: Pg, monkeypatch: pytest.MonkeyPatch) -> None:
     j = pg.journal
+    e = await epoch_of(j)
     for position in range(50):
-        await j.write_entry(KEY, '0', position, entry(position))
-    await j.write_record(KEY, '0', 'meta', {'v': 1})
+        await j.write_entry(KEY, '0', position, entry(position), epoch=e)
+    await j.write_record(KEY, '0', 'meta', {'v': 1}, epoch=e)
     statements: list[str] = []
     real_execute = psycopg.AsyncConnection.execute
 
@@ -97,8 +106,8 @@ async def test_perf3_read_run_and_writes_are_one_statement_each(pg: Pg, monkeypa
     snapshot = await j.read_run(KEY, '0')
     assert len(snapshot.entries) == 50 and snapshot.records == {'meta': {'v': 1}}
     assert len(statements) == 1
-    assert await j.write_entry(KEY, '0', 50, entry(50)) is True
-    assert await j.write_record(KEY, '0', 'usage', {'v': 1}) is True
+    assert await j.write_entry(KEY, '0', 50, entry(50), epoch=e) is True  # the epoch check is in the statement
+    assert await j.write_record(KEY, '0', 'usage', {'v': 1}, epoch=e) is True
     assert len(statements) == 3
 
 
@@ -107,9 +116,10 @@ async def test_perf3_read_run_and_writes_are_one_statement_each(pg: Pg, monkeypa
 
 async def test_j2_a_value_the_database_refuses_is_not_recorded(pg: Pg) -> None:
     j = pg.journal
-    assert await j.write_entry(KEY, 'run\x00with nul', 0, entry('x')) is False  # text cannot hold NUL
-    assert await j.write_entry(KEY, '0', 2**63, entry('x')) is False  # out of bigint range
-    assert await j.write_entry(KEY, '0', 0, entry('still works')) is True
+    e = await epoch_of(j)
+    assert await j.write_entry(KEY, 'run\x00with nul', 0, entry('x'), epoch=e) is False  # text cannot hold NUL
+    assert await j.write_entry(KEY, '0', 2**63, entry('x'), epoch=e) is False  # out of bigint range
+    assert await j.write_entry(KEY, '0', 0, entry('still works'), epoch=e) is True
     assert (await j.read_run(KEY, '0')).entries == {0: entry('still works')}
 
 
@@ -117,8 +127,8 @@ async def test_j2_a_value_the_database_refuses_is_not_recorded(pg: Pg) -> None:
 
 
 async def test_j3_an_undecodable_key_is_left_out_of_the_listing(pg: Pg) -> None:
-    await pg.journal.write_execution(KEY, {'v': 1})
-    await pg.journal.write_execution('other', {'v': 1})
+    await Operator(pg.journal).write_execution(KEY, {'v': 1})
+    await Operator(pg.journal).write_execution('other', {'v': 1})
     pg.sql("UPDATE {s}.executions SET key = '\\xff'::bytea WHERE eid = %s", execution_id('other'))
     assert [info.key for info in await pg.journal.list_executions()] == [KEY]
 
@@ -126,14 +136,19 @@ async def test_j3_an_undecodable_key_is_left_out_of_the_listing(pg: Pg) -> None:
 # -- deleting ------------------------------------------------------------------------------------
 
 
-async def test_j4_deletes_never_raise_when_the_server_is_gone() -> None:
+async def test_jf2_writes_raise_when_the_server_is_gone_so_the_core_retries_them() -> None:
     journal = PostgresJournal(f'host=127.0.0.1 port={_closed_port()} user=x dbname=x connect_timeout=2')
-    await journal.delete_run(KEY, '0')
-    await journal.delete_execution(KEY)
-    await journal.release_lease(KEY, 'A')
-    assert await journal.write_entry(KEY, '0', 0, entry('x')) is False
-    assert await journal.write_record(KEY, '0', 'meta', {'v': 1}) is False
-    assert await journal.write_execution(KEY, {'v': 1}) is False
+    for write in (
+        journal.delete_run(KEY, '0', epoch=1),
+        journal.delete_execution(KEY, epoch=1),
+        journal.write_entry(KEY, '0', 0, entry('x'), epoch=1),
+        journal.write_record(KEY, '0', 'meta', {'v': 1}, epoch=1),
+        journal.write_execution(KEY, {'v': 1}, epoch=1),
+        journal.read_run(KEY, '0'),
+    ):
+        with pytest.raises(psycopg.OperationalError):  # never a silent False: nothing was stored
+            await write
+    await journal.release_lease(KEY, 'A', 1)  # giving back never raises
     with pytest.raises(JournalUnavailable):
         await journal.acquire_lease(KEY, 'A', 60)
     await journal.close()
@@ -144,9 +159,9 @@ async def test_j4_deletes_never_raise_when_the_server_is_gone() -> None:
 
 async def test_b5_a_lease_alone_is_not_an_execution(pg: Pg) -> None:
     j = pg.journal
-    assert await j.acquire_lease(KEY, 'A', 60) is None
+    lease = await j.acquire_lease(KEY, 'A', 60)
     assert await j.list_executions() == []
-    await j.release_lease(KEY, 'A')
+    await j.release_lease(KEY, 'A', lease.epoch)
     assert await j.list_executions() == []
     assert await j.read_execution(KEY) is None
     assert pg.sql('SELECT count(*) FROM {s}.executions') == [(0,)]  # no row left behind
@@ -161,9 +176,9 @@ async def test_b5_concurrent_acquires_over_separate_connections_have_one_winner(
         for round_number in range(5):
             key = f'contended-{round_number}'
             results = await asyncio.gather(*(j.acquire_lease(key, f'w{i}', 60) for i, j in enumerate(journals)))
-            winners = [i for i, held in enumerate(results) if held is None]
+            winners = [i for i, held in enumerate(results) if held.holder == f'w{i}']
             assert len(winners) == 1, results
-            assert {held.holder for held in results if held is not None} == {f'w{winners[0]}'}
+            assert {(held.holder, held.epoch) for held in results} == {(f'w{winners[0]}', results[winners[0]].epoch)}
     finally:
         for journal in journals:
             await journal.close()
@@ -173,14 +188,14 @@ async def test_b5_concurrent_acquires_over_separate_connections_have_one_winner(
 
 
 async def test_b4_two_schemas_in_one_database_are_separate(pg: Pg) -> None:
-    await pg.journal.write_entry(KEY, '0', 0, entry('first schema'))
+    await Operator(pg.journal).write_entry(KEY, '0', 0, entry('first schema'))
     other_schema = f'{pg.schema}_b'
     other = PostgresJournal(pg.dsn, schema=other_schema)
     try:
         await other.open()
         assert await other.read_run(KEY, '0') == RunSnapshot()
-        assert await other.acquire_lease(KEY, 'B', 60) is None
-        assert await pg.journal.acquire_lease(KEY, 'A', 60) is None
+        assert (await other.acquire_lease(KEY, 'B', 60)).holder == 'B'
+        assert (await pg.journal.acquire_lease(KEY, 'A', 60)).holder == 'A'
     finally:
         await other.close()
         drop_schema(pg.dsn, other_schema)
@@ -200,10 +215,10 @@ async def main():
     snapshot = await journal.read_run(key, '0')
     lease = await journal.acquire_lease(key, 'child', 60)
     ok = await journal.write_entry(key, '0', 1, {'v': 1, 'name': 'child', 'kind': 'tool', 'fingerprint': None,
-                                                 'payload': 'written by the child'})
+                                                 'payload': 'written by the child'}, epoch=int(sys.argv[4]))
     print(json.dumps({'entries': {str(k): v for k, v in snapshot.entries.items()}, 'records': snapshot.records,
                       'execution': await journal.read_execution(key),
-                      'lease_holder': lease.holder if lease else None, 'ok': ok}), flush=True)
+                      'lease_holder': lease.holder, 'ok': ok}), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # B-2: what returned True is already committed
 
 asyncio.run(main())
@@ -213,14 +228,14 @@ asyncio.run(main())
 async def test_b2_b8_another_process_reads_and_its_acknowledged_write_survives_sigkill(pg: Pg) -> None:
     j = pg.journal
     key = 'proc/key:\u00e9\x00'
-    await j.write_entry(key, '0', 0, entry({'rows': (1, 2)}))
-    await j.write_record(key, '0', 'meta', {'v': 1, 'diverge_from': None})
-    await j.write_execution(key, {'v': 1, 'runs': ['0']})
-    assert await j.acquire_lease(key, 'parent', 60) is None
+    e = await epoch_of(j, key, 'parent')
+    await j.write_entry(key, '0', 0, entry({'rows': (1, 2)}), epoch=e)
+    await j.write_record(key, '0', 'meta', {'v': 1, 'diverge_from': None}, epoch=e)
+    await j.write_execution(key, {'v': 1, 'runs': ['0']}, epoch=e)
 
     child = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, '-c', CHILD, pg.dsn, pg.schema, json.dumps(key)],
+        [sys.executable, '-c', CHILD, pg.dsn, pg.schema, json.dumps(key), str(e)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -306,9 +321,12 @@ async def test_b7_a_user_without_privileges_is_unavailable_but_may_use_an_existi
             await read_only.open()  # may read, not write: refused before any model call
         await read_only.close()
         pg.sql(f'GRANT INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {{s}} TO {role}')
+        with pytest.raises(JournalUnavailable, match='lease_epochs'):
+            await PostgresJournal(limited_dsn, schema=pg.schema).open()  # leases need the epoch sequence too
+        pg.sql(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA {{s}} TO {role}')
         writer = PostgresJournal(limited_dsn, schema=pg.schema)
         await writer.open()
-        assert await writer.write_entry(KEY, '0', 0, entry('by the limited user')) is True
+        assert await Operator(writer).write_entry(KEY, '0', 0, entry('by the limited user')) is True
         await writer.close()
         assert (await pg.journal.read_run(KEY, '0')).entries == {0: entry('by the limited user')}
     finally:
@@ -317,12 +335,13 @@ async def test_b7_a_user_without_privileges_is_unavailable_but_may_use_an_existi
 
 
 async def test_b8_a_newer_schema_version_is_refused(pg: Pg) -> None:
-    await pg.journal.write_entry(KEY, '0', 0, entry('kept'))
+    await Operator(pg.journal).write_entry(KEY, '0', 0, entry('kept'))
     pg.sql('UPDATE {s}.schema_version SET version = %s', SCHEMA_VERSION + 1)
     newer = pg.reopen()
     with pytest.raises(JournalUnavailable, match=f'version {SCHEMA_VERSION + 1}, newer than'):
         await newer.open()
-    assert await newer.write_entry(KEY, '0', 1, entry('refused')) is False
+    with pytest.raises(JournalUnavailable, match='newer than'):
+        await newer.write_entry(KEY, '0', 1, entry('refused'), epoch=1)
     assert pg.sql('SELECT count(*) FROM {s}.entries') == [(1,)]
     await newer.close()
 
@@ -332,7 +351,8 @@ async def test_b8_schema_is_created_once_when_many_open_at_once(postgres_dsn: st
     journals = [PostgresJournal(dsn, schema=schema) for _ in range(10)]
     try:
         await asyncio.gather(*(journal.open() for journal in journals))
-        results = await asyncio.gather(*(j.write_entry(KEY, '0', i, entry(i)) for i, j in enumerate(journals)))
+        e = await epoch_of(journals[0])
+        results = await asyncio.gather(*(j.write_entry(KEY, '0', i, entry(i), epoch=e) for i, j in enumerate(journals)))
         assert all(results)
         assert len((await journals[0].read_run(KEY, '0')).entries) == 10
     finally:
@@ -351,7 +371,7 @@ def test_b8_schema_creation_is_safe_across_threads_and_loops(postgres_dsn: str) 
             journal = PostgresJournal(dsn, schema=schema)
             barrier.wait()
             await journal.open()
-            assert await journal.write_entry('k', str(number), 0, {'v': 1})
+            assert await Operator(journal).write_entry(f'k{number}', '0', 0, {'v': 1})
             await journal.close()
 
         try:
@@ -367,7 +387,7 @@ def test_b8_schema_creation_is_safe_across_threads_and_loops(postgres_dsn: str) 
             thread.join(60)
         assert errors == []
         journal = PostgresJournal(dsn, schema=schema)
-        assert [info.runs for info in asyncio.run(journal.list_executions())] == [4]
+        assert [info.runs for info in asyncio.run(journal.list_executions())] == [1, 1, 1, 1]
         asyncio.run(journal.close())
     finally:
         drop_schema(dsn, schema)
@@ -394,7 +414,7 @@ async def test_b8_odd_schema_names_are_quoted(postgres_dsn: str) -> None:  # noq
     journal = PostgresJournal(postgres_dsn, schema=schema)
     try:
         await journal.open()
-        assert await journal.write_entry(KEY, '0', 0, entry('x')) is True
+        assert await Operator(journal).write_entry(KEY, '0', 0, entry('x')) is True
         assert (await journal.read_run(KEY, '0')).entries == {0: entry('x')}
     finally:
         await journal.close()
@@ -430,9 +450,9 @@ def test_b8_calls_from_several_event_loops_and_threads(postgres_dsn: str) -> Non
     journal = PostgresJournal(make_conninfo(dsn, application_name=name), schema=schema)
     try:
         asyncio.run(journal.open())
-        assert asyncio.run(journal.acquire_lease(KEY, 'A', 60)) is None
-        assert asyncio.run(journal.write_entry(KEY, '0', 0, entry('loop 2'))) is True
-        assert asyncio.run(journal.write_entry(KEY, '0', 1, entry('loop 3'))) is True
+        e = asyncio.run(journal.acquire_lease(KEY, 'A', 60)).epoch
+        assert asyncio.run(journal.write_entry(KEY, '0', 0, entry('loop 2'), epoch=e)) is True
+        assert asyncio.run(journal.write_entry(KEY, '0', 1, entry('loop 3'), epoch=e)) is True
         assert _backends(dsn, name) == 1  # the connections of closed loops were closed
 
         async def main_loop() -> None:
@@ -441,14 +461,15 @@ def test_b8_calls_from_several_event_loops_and_threads(postgres_dsn: str) -> Non
             def renewer() -> None:  # like the core's lease renewer: asyncio.run in a daemon thread
                 try:
                     for _ in range(5):
-                        assert asyncio.run(journal.renew_lease(KEY, 'A', 60)) is True
+                        renewed = asyncio.run(journal.renew_lease(KEY, 'A', e, 60))
+                        assert renewed is not None and renewed.holder == 'A'
                 except BaseException as exc:
                     errors.append(exc)
 
             thread = threading.Thread(target=renewer)
             thread.start()
             for position in range(2, 30):
-                assert await journal.write_entry(KEY, '0', position, entry(position)) is True
+                assert await journal.write_entry(KEY, '0', position, entry(position), epoch=e) is True
             await asyncio.to_thread(thread.join)
             assert errors == []
             assert len((await journal.read_run(KEY, '0')).entries) == 30
@@ -476,7 +497,8 @@ async def test_b8_many_tasks_of_one_loop_share_its_connection(postgres_dsn: str)
 
     journal._connect = counting_connect  # type: ignore[method-assign]
     try:
-        results = await asyncio.gather(*(journal.write_entry(KEY, '0', p, entry(p)) for p in range(40)))
+        e = await epoch_of(journal)
+        results = await asyncio.gather(*(journal.write_entry(KEY, '0', p, entry(p), epoch=e) for p in range(40)))
         assert all(results)
         assert connects == 1  # the first caller connects; the others wait for it
         assert len((await journal.read_run(KEY, '0')).entries) == 40
@@ -491,22 +513,24 @@ async def test_b8_reconnects_after_the_server_drops_the_connection(pg: Pg) -> No
     j = PostgresJournal(make_conninfo(pg.dsn, application_name=name), schema=pg.schema)
     kill = 'SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s'
     try:
-        assert await j.write_entry(KEY, '0', 0, entry('before')) is True
+        e = await epoch_of(j)
+        assert await j.write_entry(KEY, '0', 0, entry('before'), epoch=e) is True
         assert pg.sql(kill, name) == [(True,)]
 
-        assert await j.write_entry(KEY, '0', 1, entry('after')) is True
+        assert await j.write_entry(KEY, '0', 1, entry('after'), epoch=e) is True
 
         assert pg.sql(kill, name) == [(True,)]
         assert (await j.read_run(KEY, '0')).entries == {0: entry('before'), 1: entry('after')}
         assert pg.sql(kill, name) == [(True,)]
-        assert await j.acquire_lease(KEY, 'A', 60) is None
+        assert (await j.acquire_lease(KEY, 'A', 60)).holder == 'A'
     finally:
         await j.close()
 
 
 async def test_b8_a_cancelled_call_leaves_the_journal_usable(pg: Pg) -> None:
     j = pg.journal
-    await j.write_entry(KEY, '0', 0, entry('first'))
+    e = await epoch_of(j)
+    await j.write_entry(KEY, '0', 0, entry('first'), epoch=e)
     blocker = await psycopg.AsyncConnection.connect(pg.dsn)
     try:
         # Hold the execution row's lock so the next write waits inside the database.
@@ -514,7 +538,7 @@ async def test_b8_a_cancelled_call_leaves_the_journal_usable(pg: Pg) -> None:
             sql.SQL('SELECT 1 FROM {}.executions WHERE eid = %s FOR UPDATE').format(sql.Identifier(pg.schema)),
             (execution_id(KEY),),
         )
-        task = asyncio.create_task(j.write_entry(KEY, '0', 1, entry('cancelled')))
+        task = asyncio.create_task(j.write_entry(KEY, '0', 1, entry('cancelled'), epoch=e))
         await asyncio.sleep(0.3)
         assert not task.done()
         task.cancel()
@@ -524,14 +548,14 @@ async def test_b8_a_cancelled_call_leaves_the_journal_usable(pg: Pg) -> None:
     finally:
         await blocker.close()
 
-    assert await asyncio.wait_for(j.write_entry(KEY, '0', 2, entry('after')), 10) is True
+    assert await asyncio.wait_for(j.write_entry(KEY, '0', 2, entry('after'), epoch=e), 10) is True
     entries = (await j.read_run(KEY, '0')).entries
     assert entries[0] == entry('first') and entries[2] == entry('after')
     assert entries.get(1) in (None, entry('cancelled'))
 
 
 async def test_b8_close_then_use_again_reconnects(pg: Pg) -> None:
-    await pg.journal.write_entry(KEY, '0', 0, entry('x'))
+    await Operator(pg.journal).write_entry(KEY, '0', 0, entry('x'))
     await pg.journal.close()
     await pg.journal.close()
     assert (await pg.journal.read_run(KEY, '0')).entries == {0: entry('x')}

@@ -30,6 +30,7 @@ from typing import Any
 
 import diskcache
 import pytest
+from helpers import Operator
 from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -138,11 +139,12 @@ WRITER = """
     async def main():
         journal = DiskJournal(sys.argv[1], durability=sys.argv[2])
         await journal.open()
+        epoch = (await journal.acquire_lease('acked', 'writer', 3600)).epoch
         position = 0
         while True:
             entry = {'v': 1, 'name': 'w', 'kind': 'tool', 'fingerprint': None,
                      'payload': {'i': position, 'pad': 'x' * 2000}}
-            if await journal.write_entry('acked', '0', position, entry):
+            if await journal.write_entry('acked', '0', position, entry, epoch=epoch):
                 sys.stdout.write(f'{position}\\n')
                 sys.stdout.flush()
             position += 1
@@ -187,10 +189,10 @@ async def test_b2_a_1mb_value_stays_inside_sqlite(tmp_path: Path, durability: st
     journal = DiskJournal(path, durability=durability)
     await journal.open()
     big = {'v': 1, 'name': 'big', 'kind': 'tool', 'fingerprint': None, 'payload': 'x' * 1_000_000}
-    assert await journal.write_entry('big', '0', 0, big)
-    assert await journal.write_record('big', '0', 'usage', {'v': 1, 'usage': {'pad': 'y' * 1_000_000}})
-    found = {str(item.relative_to(path)) for item in path.rglob('*')}
-    assert found <= DB_FILES, found
+    assert await Operator(journal).write_entry('big', '0', 0, big)
+    assert await Operator(journal).write_record('big', '0', 'usage', {'v': 1, 'usage': {'pad': 'y' * 1_000_000}})
+    found = {str(item.relative_to(path)) for item in path.rglob('*') if item.is_file()}
+    assert found <= DB_FILES | {'journal-id'}, found
     assert (await journal.read_run('big', '0')).entries[0]['payload'] == 'x' * 1_000_000
     await journal.close()
 
@@ -476,7 +478,7 @@ async def test_b3_unreadable_run_meta_is_a_miss_with_one_warning(
     async with execution('b3-meta', cleanup='never'):
         await agent.run('go')
     # The fence a failed attempt leaves (F-6): steps from 3 on must not replay.
-    assert await journal.write_record(
+    assert await Operator(journal).write_record(
         'b3-meta', '0', 'meta', {'v': 1, 'diverge_from': 3, 'high_water': 7, 'model_at_fault': False}
     )
     if raw is not None:
@@ -648,17 +650,17 @@ class FullDiskJournal(DiskJournal):
         self._fail()
         await super().open()
 
-    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any]) -> bool:
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
         self._fail()
-        return await super().write_entry(key, run, position, entry)
+        return await super().write_entry(key, run, position, entry, epoch=epoch)
 
-    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any]) -> bool:
+    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any], *, epoch: int) -> bool:
         self._fail()
-        return await super().write_record(key, run, name, value)
+        return await super().write_record(key, run, name, value, epoch=epoch)
 
-    async def write_execution(self, key: str, value: dict[str, Any]) -> bool:
+    async def write_execution(self, key: str, value: dict[str, Any], *, epoch: int) -> bool:
         self._fail()
-        return await super().write_execution(key, value)
+        return await super().write_execution(key, value, epoch=epoch)
 
 
 @pytest.fixture
@@ -684,27 +686,34 @@ async def test_b7_full_file_system_is_unavailable_at_start(
     await assert_unavailable_before_any_model_call(journal)
 
 
-async def test_b7_disk_filling_up_mid_run_is_reported_not_recorded_and_the_run_finishes(
-    filling: tuple[DiskJournal, Callable[[], None], Callable[[], None]], caplog: pytest.LogCaptureFixture
+async def test_jf2_jf3_disk_filling_up_mid_run_stops_the_attempt_and_a_retry_resumes(
+    filling: tuple[DiskJournal, Callable[[], None], Callable[[], None]],
 ) -> None:
     journal, fill, free = filling
     probe = Probe()
-    agent = step_agent(journal, probe, during_tool=lambda n: fill() if n == 2 else None)  # inside step 3
-    caplog.set_level(logging.WARNING, logger=LOGGER)
-    async with execution('fills-up', cleanup='never') as handle:
-        result = await agent.run('go')
-    assert result.output == EXPECTED  # the run goes on and finishes
-    assert probe.positions() == list(range(7))
-    assert handle.stats.recorded == Counter(model=2, tool=1)  # positions 0..2, before the disk filled up
-    tool_name, model_name = 'rel__function_toolset__steps.call_tool:step', 'rel__model.request'
-    assert handle.stats.not_recorded == [('tool', tool_name), ('model', model_name)] * 2
-    warned = warnings_of(caplog)
-    for position in (3, 4, 5, 6):
-        assert any(f'step {position} ' in message and 'could not be recorded' in message for message in warned)
+    filled: list[int] = []
+
+    def fill_once(n: int) -> None:  # inside step 3 of the first attempt
+        if n == 2 and not filled:
+            filled.append(n)
+            fill()
+
+    agent = step_agent(journal, probe, during_tool=fill_once)
+    with pytest.raises(JournalUnavailable) as stopped:
+        async with execution('fills-up', cleanup='never', write_timeout=0.5) as handle:
+            await agent.run('go')
+    assert 'step 3' in str(stopped.value) and 'full' in str(stopped.value)
+    assert probe.positions() == [0, 1, 2, 3]  # no step after the unrecorded one ran
+    assert handle.stats.recorded == Counter(model=2, tool=1)
 
     free()
-    snapshot = await journal.read_run('fills-up', '0')
-    assert sorted(snapshot.entries) == [0, 1, 2]  # what was acknowledged is there, and nothing else
+    assert sorted((await journal.read_run('fills-up', '0')).entries) == [0, 1, 2]  # what was acknowledged
+    probe.calls.clear()
+    async with execution('fills-up') as retry:  # at once: the lease it left is this process's, ended
+        result = await agent.run('go')
+    assert result.output == EXPECTED
+    assert replayed_positions(retry) == [0, 1, 2]  # every acknowledged step replays, none ran twice
+    assert probe.positions() == [3, 4, 5, 6]
 
 
 # =================================================================================================

@@ -59,8 +59,8 @@ SERVER = textwrap.dedent(
 
         class AckJournal(DiskJournal):
             # An entry is acknowledged when write_entry returned True: log it right then.
-            async def write_entry(self, key, run, pos, entry):
-                stored = await super().write_entry(key, run, pos, entry)
+            async def write_entry(self, key, run, pos, entry, *, epoch):
+                stored = await super().write_entry(key, run, pos, entry, epoch=epoch)
                 if stored:
                     append(acks, f'{run} {pos}')
                 return stored

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Calls, responses, tool_returns, two_step_agent
+from helpers import Calls, Operator, responses, tool_returns, two_step_agent
 from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
 from pydantic_ai.exceptions import UsageLimitExceeded
@@ -205,7 +205,7 @@ async def test_j72_u15_credited_tool_that_turns_live_is_rechecked(new_journal: A
     snapshot = await journal.read_run('j72', '0')
     tool_position = next(position for position, entry in snapshot.entries.items() if entry['kind'] == 'tool')
     stale = dict(snapshot.entries[tool_position], v=99)  # an entry of an unknown format reads as missing
-    assert await journal.write_entry('j72', '0', tool_position, stale)
+    assert await Operator(journal).write_entry('j72', '0', tool_position, stale)
     async with execution('j72'):
         if limit == 3:
             with pytest.raises(UsageLimitExceeded):

@@ -1,14 +1,17 @@
-"""Small pieces every backend shares: key hashing, lease rules and status of a listed execution."""
+"""Small pieces every backend shares: key hashing and the status of a listed execution."""
 
 from __future__ import annotations
 
 import hashlib
-import time
 from typing import Any
 
-from ._protocol import ExecutionStatus, Lease
+from ._holder import end_holding, new_holder, start_holding
+from ._protocol import ExecutionStatus, Journal, Lease
 
-__all__ = ('execution_id', 'lease_available', 'status_of')
+__all__ = ('delete_under_lease', 'execution_id', 'status_of')
+
+_DELETE_TTL = 60.0
+"""Seconds a deletion holds its lease: long enough for any deletion, short if the deleting process dies."""
 
 
 def execution_id(key: str) -> str:
@@ -20,20 +23,30 @@ def execution_id(key: str) -> str:
     return hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()
 
 
-def lease_available(current: Lease | None, holder: str, take_over: str | None, now: float) -> bool:
-    """Whether `holder` may take the lease now: free, expired, its own, or a holder proved dead."""
-    return (
-        current is None
-        or current.expires_at <= now
-        or current.holder == holder
-        or (take_over is not None and current.holder == take_over)
-    )
-
-
-def status_of(record: dict[str, Any] | None, lease: Lease | None, now: float | None = None) -> ExecutionStatus:
+def status_of(record: dict[str, Any] | None, *, leased: bool) -> ExecutionStatus:
     """Running while a live lease exists; otherwise what the last attempt said, `failed` if it died silently."""
-    now = time.time() if now is None else now
-    if lease is not None and lease.expires_at > now:
+    if leased:
         return 'running'
     status = (record or {}).get('status')
     return 'finished' if status == 'finished' else 'failed'
+
+
+async def delete_under_lease(journal: Journal, key: str, *, force: bool) -> Lease | None:
+    """Delete an execution after taking its lease, so a stale holder's next write is refused (B-13).
+
+    Returns `None` once deleted, or the live lease of another holder when that one is not given up
+    (`force` takes even a live lease: its holder stops at its next step).
+    """
+    holder = new_holder()
+    start_holding(holder)
+    try:
+        lease = await journal.acquire_lease(key, holder, _DELETE_TTL, force=force)
+        if lease.holder != holder:
+            return lease
+        try:
+            await journal.delete_execution(key, epoch=lease.epoch)
+        finally:
+            await journal.release_lease(key, holder, lease.epoch)  # gone with the execution, unless it failed
+        return None
+    finally:
+        end_holding(holder)

@@ -27,10 +27,16 @@ class RunSnapshot:
 
 @dataclass(frozen=True)
 class Lease:
-    """Who holds an execution and until when (epoch seconds)."""
+    """Who holds an execution, until when, and under which fencing epoch.
+
+    `epoch` grows with every acquisition of any execution in the store and is never reused, even
+    after the execution is deleted, so a write carrying an older epoch can always be told apart.
+    """
 
     holder: str
     expires_at: float
+    """When the lease lapses unless renewed, in epoch seconds (for messages: the store judges by its own clock)."""
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -50,12 +56,14 @@ class ExecutionInfo:
 class Journal(Protocol):
     """Storage for executions: entries per run and position, run records, one execution record, a lease.
 
-    Every write returns whether the value was stored and never raises for a value it cannot store
-    (J-2): the write happens after a step already succeeded. Reads never raise for a stored value that
-    does not decode; it comes back as `None` (or whatever non-dict it decodes to), which the core
-    reads as a miss and reports once (J-3, B-3). A write that returned `True` survives a SIGKILL of
-    the process the next instant (B-2). Lease calls may come from another thread and event loop (the
-    lease is renewed from a background thread).
+    Every write is fenced (SPEC B-9): it carries the epoch of the writer's lease and stores nothing,
+    raising `LeaseLost`, unless that epoch is the execution's current one, checked in the same
+    transaction as the write. A write returns `True` once stored, `False` for a value it cannot encode
+    (J-2, never retried), and raises on any failure of the store itself, which the core retries. A
+    write that returned `True` survives a SIGKILL of the process the next instant (B-2). Reads raise
+    when the store cannot be read; a stored value that does not decode comes back as `None` (or
+    whatever non-dict it decodes to), which the core reads as a miss and reports once (J-3, B-3).
+    Lease calls come from the attempt's lease thread, on an event loop of its own.
     """
 
     async def open(self) -> None:
@@ -66,11 +74,11 @@ class Journal(Protocol):
         """Every entry and record of one run of execution `key`."""
         ...
 
-    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any]) -> bool:
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
         """Store the entry of one step, replacing what was at that position."""
         ...
 
-    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any]) -> bool:
+    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any], *, epoch: int) -> bool:
         """Store a run-level record (meta, usage)."""
         ...
 
@@ -78,41 +86,41 @@ class Journal(Protocol):
         """The execution record (runs started, status), or `None` when the execution has none."""
         ...
 
-    async def write_execution(self, key: str, value: dict[str, Any]) -> bool:
+    async def write_execution(self, key: str, value: dict[str, Any], *, epoch: int) -> bool:
         """Replace the execution record."""
         ...
 
-    async def delete_run(self, key: str, run: str) -> None:
-        """Delete every entry and record of one run; best effort, never raises (J-4)."""
+    async def delete_run(self, key: str, run: str, *, epoch: int) -> None:
+        """Delete every entry and record of one run."""
         ...
 
-    async def delete_execution(self, key: str) -> None:
-        """Delete everything stored under `key`, lease included; best effort, never raises (J-4)."""
+    async def delete_execution(self, key: str, *, epoch: int) -> None:
+        """Delete everything stored under `key`, lease included."""
         ...
 
     async def list_executions(self) -> list[ExecutionInfo]:
         """Every execution with something stored, for inspection and retention (B-6)."""
         ...
 
-    async def acquire_lease(self, key: str, holder: str, ttl: float, *, take_over: str | None = None) -> Lease | None:
-        """Take the lease on `key` for `ttl` seconds.
+    async def acquire_lease(self, key: str, holder: str, ttl: float, *, force: bool = False) -> Lease:
+        """Take the lease on `key` for `ttl` seconds (by the store's clock) and return the lease now in force.
 
-        Returns `None` when `holder` now holds it, else the live lease of someone else. A lease that
-        expired is taken; a live one is taken only when its holder equals `take_over` (the caller has
-        proved that holder dead). The check and the write are one atomic step across processes.
+        It is `holder`'s, under a new epoch, when the lease was free, expired, already `holder`'s, held by
+        a holder proved dead (B-5), or `force` is set; otherwise it is the live lease of someone else.
+        The check and the write are one atomic step across processes.
         """
         ...
 
-    async def renew_lease(self, key: str, holder: str, ttl: float) -> bool:
-        """Extend a lease `holder` still holds; `False` if it was lost."""
+    async def renew_lease(self, key: str, holder: str, epoch: int, ttl: float) -> Lease | None:
+        """Extend the lease if `holder` still holds it under `epoch`; return the lease now in force (`None`: none)."""
         ...
 
-    async def release_lease(self, key: str, holder: str) -> None:
-        """Give the lease back if `holder` holds it; never raises."""
+    async def release_lease(self, key: str, holder: str, epoch: int) -> None:
+        """Give the lease back if `holder` still holds it under `epoch`; never raises."""
         ...
 
     async def prune(self, older_than: float) -> list[str]:
-        """Delete executions not written for `older_than` seconds (and not leased); return their keys."""
+        """Delete executions not written for `older_than` seconds whose lease is not live; return their keys."""
         ...
 
     async def close(self) -> None:

@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import logging
 import os
+import threading
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import diskcache  # type: ignore[import-untyped]
 
-from .._errors import JournalUnavailable
+from .._errors import JournalUnavailable, LeaseLost
 from . import _json
-from ._common import execution_id, lease_available, status_of
+from ._common import execution_id, status_of
+from ._holder import boot_id, is_proper, local_clock, ours_and_ended
 from ._protocol import ExecutionInfo, Lease, RunSnapshot
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock files, so a dead holder is waited for
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ('DiskJournal', 'default_directory')
 
@@ -32,6 +44,33 @@ _STAMP_EVERY = 2.0
 
 _SYNCHRONOUS: dict[Durability, int] = {'process': 1, 'power': 2}
 """SQLite `synchronous` per durability: NORMAL (a commit survives a process kill), FULL (also power loss)."""
+
+_EPOCH_KEY = 'epoch'
+"""The store-wide fencing counter: every lease acquisition takes the next value, none is ever reused (B-9)."""
+_IDENTITY_KEY = 'journal'
+"""The journal's id inside its database; the same id is kept in `_MARKER` beside it (JF-4)."""
+_MARKER = 'journal-id'
+_LOCKS = 'locks'
+"""Subdirectory of the lock files live holders keep locked, so another process can prove a holder dead (B-12)."""
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A stored lease: expiry on this host's boot clock (wall clock where there is none), and its epoch."""
+
+    holder: str
+    epoch: int
+    expires_at: float
+    until: float | None
+    boot: str | None
+
+    def live(self, now: float, clock: float, boot: str | None) -> bool:
+        if self.boot is not None and boot is not None and self.until is not None:
+            return self.boot == boot and self.until > clock  # no wall-clock change moves it (B-11)
+        return self.expires_at > now
+
+    def lease(self) -> Lease:
+        return Lease(self.holder, self.expires_at, self.epoch)
 
 
 class _Cache(diskcache.Cache):  # type: ignore[misc]
@@ -79,12 +118,14 @@ def default_directory() -> Path:
 
 
 class DiskJournal:
-    """A journal in a local directory, shared by every process that opens the same path.
+    """A journal in a local directory, shared by every process on this host that opens the same path.
 
     Each write is one SQLite transaction, committed before it returns, so an acknowledged step
-    survives a SIGKILL of the process (B-2). `durability="power"` also waits for the disk
-    (`synchronous=FULL`) so it survives power loss, at the cost of an fsync per step. Entries never
-    expire and are never evicted; only cleanup, `delete` and `prune` remove them.
+    survives a SIGKILL of the process (B-2); the same transaction checks the writer's lease epoch
+    (B-9). `durability="power"` also waits for the disk (`synchronous=FULL`) so it survives power
+    loss, at the cost of an fsync per step. Entries never expire and are never evicted; only
+    cleanup, `delete` and `prune` remove them. One host only: leases are timed by this host's boot
+    clock, and SQLite over a network file system is not safe for several hosts.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, durability: Durability = 'process') -> None:
@@ -99,15 +140,24 @@ class DiskJournal:
         """Per (execution, run): record names the stored head lists."""
         self._stamped: dict[str, float] = {}
         """Per execution: when this object last wrote the head's `updated`."""
+        self._locks: dict[str, int] = {}
+        """Per holder of this process: the descriptor of its locked lock file (B-12)."""
+        self._locks_guard = threading.Lock()
 
     def __repr__(self) -> str:
         return f'DiskJournal({str(self.path)!r}, durability={self.durability!r})'
+
+    @property
+    def store_identity(self) -> object:
+        """Equal for every `DiskJournal` on one directory: they are one store with one lease per execution."""
+        return ('disk', os.path.realpath(self.path))
 
     # -- opening -------------------------------------------------------------------------------
 
     def _open_cache(self) -> Any:
         if self._cache is None:
-            self._cache = _Cache(
+            self._refuse_truncated_database()
+            cache = _Cache(
                 str(self.path),
                 synchronous=_SYNCHRONOUS[self.durability],
                 eviction_policy='none',
@@ -115,10 +165,59 @@ class DiskJournal:
                 disk_min_file_size=_INLINE,
                 timeout=60,
             )
+            try:
+                self._check_identity(cache)
+            except BaseException:
+                cache.close()
+                raise
+            self._cache = cache
             if self.durability == 'power':  # the database file's name, and the directory's own
                 _sync_directory(self.path)
                 _sync_directory(self.path.absolute().parent)
         return self._cache
+
+    def _lost_store(self, what: str) -> JournalUnavailable:
+        return JournalUnavailable(
+            f'The journal {str(self.path)!r}: {what}. Opening it as an empty journal would run every recorded '
+            'step again, so it is refused: restore the directory from a backup, or move it aside to start a new '
+            'journal there.'
+        )
+
+    def _refuse_truncated_database(self) -> None:
+        """A zero-length database is never a journal: SQLite would silently start an empty one over it (JF-4)."""
+        database = self.path / diskcache.core.DBNAME
+        with contextlib.suppress(OSError):
+            if database.is_file() and database.stat().st_size == 0:
+                raise self._lost_store(f'its database {str(database)!r} is empty (zero bytes; truncated?)')
+
+    def _check_identity(self, cache: Any) -> None:
+        """Tell a new journal from one whose database was lost or replaced (JF-4).
+
+        A random id is stored both inside the database and in a file beside it: a fresh database next
+        to an existing id file, or one holding another journal's id, means the entries are gone.
+        """
+        marker = self.path / _MARKER
+        try:
+            recorded: str | None = marker.read_text(encoding='ascii').strip()
+        except FileNotFoundError:
+            recorded = None
+        except OSError as exc:
+            raise JournalUnavailable(f'The journal {str(self.path)!r} cannot be read ({exc}).') from exc
+        stored = _json.loads(cache.get(_IDENTITY_KEY))
+        if recorded is not None and stored != recorded:
+            if stored is None:
+                raise self._lost_store('its database holds nothing of the journal that was here (created anew?)')
+            raise self._lost_store("its database is another journal's (copied over it?)")
+        if stored is None:
+            if recorded is None and next(iter(_value_files(self.path)), None) is not None:
+                raise self._lost_store('its database is empty but the directory still holds value files')
+            cache.add(_IDENTITY_KEY, _json.dumps(uuid.uuid4().hex))  # add: a concurrent creator's id wins
+            stored = _json.loads(cache.get(_IDENTITY_KEY))
+        if recorded is None and isinstance(stored, str):
+            temporary = marker.with_name(f'{_MARKER}.{os.getpid()}.tmp')
+            with contextlib.suppress(OSError):  # a directory we may not write is refused by the probe
+                temporary.write_text(stored + '\n', encoding='ascii')
+                os.replace(temporary, marker)
 
     async def open(self) -> None:
         if self.path.exists() and not self.path.is_dir():
@@ -131,6 +230,8 @@ class DiskJournal:
             probe = f'probe/{os.getpid()}'
             cache.set(probe, '1')
             cache.delete(probe)
+        except JournalUnavailable:
+            raise
         except Exception as exc:
             self._cache = None
             raise JournalUnavailable(
@@ -144,10 +245,17 @@ class DiskJournal:
             self._cache.close()
             self._cache = None
 
+    async def detach(self) -> None:
+        """Close the calling thread's database connection (diskcache keeps one per thread); the journal stays open."""
+        if self._cache is not None:
+            self._cache.close()
+
     # -- layout ----------------------------------------------------------------------------------
     # Every key starts with the execution's digest, so no two executions share one (J-6).
     # `{eid}/h` head: original key, last update, and per run how far its positions may reach (`top`,
     # reserved ahead in blocks, so a step's write is one `set`, not a read-modify-write of the head).
+    # `{eid}/l` lease, `{eid}/x` execution record, `{eid}/e/{run}/{position}` entries,
+    # `{eid}/m/{run}/{name}` run records.
 
     @staticmethod
     def _entry_key(eid: str, run: str, position: int) -> str:
@@ -200,40 +308,52 @@ class DiskJournal:
             for slot in [slot for slot in known if slot[0] == eid]:
                 del known[slot]
 
+    def _fence(self, cache: Any, key: str, eid: str, epoch: int) -> None:
+        """Refuse a write unless `epoch` is the execution's current one; call inside the write's transaction (B-9)."""
+        held = self._lease(cache, eid)
+        if held is None or held.epoch != epoch:
+            raise LeaseLost(key, holder=held.holder if held is not None else None)
+
     def _write(
-        self, key: str, run: str | None, item_key: str, text: str, *, top: int | None = None, record: str | None = None
+        self,
+        key: str,
+        run: str | None,
+        item_key: str,
+        text: str,
+        *,
+        epoch: int,
+        top: int | None = None,
+        record: str | None = None,
     ) -> bool:
         """Write one value and, in the same transaction, what the head must learn about it."""
         eid = execution_id(key)
-        try:
-            cache = self._open_cache()
-            with cache.transact():
-                head = self._head(cache, eid)
-                head['key'] = key
-                head['updated'] = self._stamped[eid] = time.time()
-                if run is not None:
-                    state = head['runs'].setdefault(run, {'top': 0, 'records': []})
-                    if top is not None and top > state.get('top', 0):
-                        state['top'] = top + _RESERVE
-                    if record is not None and record not in state.setdefault('records', []):
-                        state['records'].append(record)
-                    self._remember(eid, run, state)
-                cache.set(item_key, text)
-                cache.set(f'{eid}/h', _json.dumps(head))
-            return True
-        except Exception:
-            return False
+        cache = self._open_cache()
+        with cache.transact():
+            self._fence(cache, key, eid, epoch)
+            head = self._head(cache, eid)
+            head['key'] = key
+            head['updated'] = self._stamped[eid] = time.time()
+            if run is not None:
+                state = head['runs'].setdefault(run, {'top': 0, 'records': []})
+                if top is not None and top > state.get('top', 0):
+                    state['top'] = top + _RESERVE
+                if record is not None and record not in state.setdefault('records', []):
+                    state['records'].append(record)
+                self._remember(eid, run, state)
+            cache.set(item_key, text)
+            cache.set(f'{eid}/h', _json.dumps(head))
+        return True
 
-    def _set(self, key: str, run: str, item_key: str, text: str) -> bool:
-        """Write a value the head already covers: one `set`, and the head's `updated` every few seconds."""
+    def _set(self, key: str, run: str, item_key: str, text: str, *, epoch: int) -> bool:
+        """Write a value the head already covers: one fenced `set`, and the head's `updated` every few seconds."""
         eid = execution_id(key)
         now = time.time()
         if now - self._stamped.get(eid, 0.0) >= _STAMP_EVERY:
-            return self._write(key, run, item_key, text)
-        try:
-            self._open_cache().set(item_key, text)
-        except Exception:
-            return False
+            return self._write(key, run, item_key, text, epoch=epoch)
+        cache = self._open_cache()
+        with cache.transact():
+            self._fence(cache, key, eid, epoch)
+            cache.set(item_key, text)
         return True
 
     # -- runs ------------------------------------------------------------------------------------
@@ -254,38 +374,36 @@ class DiskJournal:
         records = {name: _json.loads(cache.get(self._record_key(eid, run, name))) for name in self._names[(eid, run)]}
         return RunSnapshot(entries=entries, records=records)
 
-    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any]) -> bool:
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
         text = _json.dumps(entry)
         if text is None:
             return False
         eid = execution_id(key)
         item = self._entry_key(eid, run, position)
         if position < self._tops.get((eid, run), 0):  # the head already covers it (read or reserved by us)
-            return self._set(key, run, item, text)
-        return self._write(key, run, item, text, top=position + 1)
+            return self._set(key, run, item, text, epoch=epoch)
+        return self._write(key, run, item, text, epoch=epoch, top=position + 1)
 
-    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any]) -> bool:
+    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any], *, epoch: int) -> bool:
         text = _json.dumps(value)
         if text is None:
             return False
         eid = execution_id(key)
         item = self._record_key(eid, run, name)
         if name in self._names.get((eid, run), ()):
-            return self._set(key, run, item, text)
-        return self._write(key, run, item, text, record=name)
+            return self._set(key, run, item, text, epoch=epoch)
+        return self._write(key, run, item, text, epoch=epoch, record=name)
 
-    async def delete_run(self, key: str, run: str) -> None:
+    async def delete_run(self, key: str, run: str, *, epoch: int) -> None:
         eid = execution_id(key)
         self._forget(eid)
-        try:
-            cache = self._open_cache()
-            with cache.transact():
-                head = self._head(cache, eid)
-                state = head['runs'].pop(run, None)
-                self._delete_run_items(cache, eid, run, state if isinstance(state, dict) else {})
-                cache.set(f'{eid}/h', _json.dumps(head))
-        except Exception:
-            return
+        cache = self._open_cache()
+        with cache.transact():
+            self._fence(cache, key, eid, epoch)
+            head = self._head(cache, eid)
+            state = head['runs'].pop(run, None)
+            self._delete_run_items(cache, eid, run, state if isinstance(state, dict) else {})
+            cache.set(f'{eid}/h', _json.dumps(head))
 
     def _delete_run_items(self, cache: Any, eid: str, run: str, state: dict[str, Any]) -> None:
         top = state.get('top', 0)
@@ -306,27 +424,28 @@ class DiskJournal:
     async def read_execution(self, key: str) -> dict[str, Any] | None:
         return _json.loads_record(self._open_cache().get(f'{execution_id(key)}/x'))
 
-    async def write_execution(self, key: str, value: dict[str, Any]) -> bool:
+    async def write_execution(self, key: str, value: dict[str, Any], *, epoch: int) -> bool:
         text = _json.dumps(value)
         if text is None:
             return False
-        return self._write(key, None, f'{execution_id(key)}/x', text)
+        return self._write(key, None, f'{execution_id(key)}/x', text, epoch=epoch)
 
-    async def delete_execution(self, key: str) -> None:
-        try:
-            self._delete_execution(self._open_cache(), execution_id(key))
-        except Exception:
-            return
+    async def delete_execution(self, key: str, *, epoch: int) -> None:
+        eid = execution_id(key)
+        cache = self._open_cache()
+        with cache.transact():
+            self._fence(cache, key, eid, epoch)
+            self._delete_execution(cache, eid)
 
     def _delete_execution(self, cache: Any, eid: str) -> None:
+        """Delete every key of one execution, lease included; call inside a transaction."""
         self._forget(eid)
-        with cache.transact():
-            head = self._head(cache, eid)
-            for run, state in head['runs'].items():
-                if isinstance(state, dict):
-                    self._delete_run_items(cache, eid, run, state)
-            for suffix in ('x', 'l', 'h'):
-                cache.delete(f'{eid}/{suffix}')
+        head = self._head(cache, eid)
+        for run, state in head['runs'].items():
+            if isinstance(state, dict):
+                self._delete_run_items(cache, eid, run, state)
+        for suffix in ('x', 'l', 'h'):
+            cache.delete(f'{eid}/{suffix}')
 
     def _heads(self, cache: Any) -> dict[str, dict[str, Any]]:
         heads: dict[str, dict[str, Any]] = {}
@@ -339,7 +458,7 @@ class DiskJournal:
 
     async def list_executions(self) -> list[ExecutionInfo]:
         cache = self._open_cache()
-        now = time.time()
+        now, clock, boot = time.time(), local_clock(), boot_id()
         infos: list[ExecutionInfo] = []
         for eid, head in self._heads(cache).items():
             runs = {run: state for run, state in head['runs'].items() if isinstance(state, dict)}
@@ -352,13 +471,17 @@ class DiskJournal:
                     if text is not None:
                         steps += 1
                         size += _size(text)
+            held = self._lease(cache, eid)
             infos.append(
                 ExecutionInfo(
                     key=head['key'],
                     runs=len(runs),
                     steps=steps,
                     bytes=size,
-                    status=status_of(_json.loads_dict(cache.get(f'{eid}/x')), self._lease(cache, eid), now),
+                    status=status_of(
+                        _json.loads_dict(cache.get(f'{eid}/x')),
+                        leased=held is not None and held.live(now, clock, boot),
+                    ),
                     updated=float(head.get('updated', 0.0)),
                 )
             )
@@ -366,56 +489,151 @@ class DiskJournal:
 
     async def prune(self, older_than: float) -> list[str]:
         cache = self._open_cache()
-        now = time.time()
         pruned: list[str] = []
-        for eid, head in self._heads(cache).items():
-            lease = self._lease(cache, eid)
-            if float(head.get('updated', 0.0)) < now - older_than and (lease is None or lease.expires_at <= now):
-                self._delete_execution(cache, eid)
-                pruned.append(head['key'])
+        boot = boot_id()
+        for eid in list(self._heads(cache)):
+            with cache.transact():  # the lease is judged in the transaction that deletes (B-13)
+                head = self._head(cache, eid)
+                held = self._lease(cache, eid)
+                now = time.time()
+                if held is not None and held.live(now, local_clock(), boot):
+                    continue
+                if float(head.get('updated', 0.0)) < now - older_than and isinstance(head.get('key'), str):
+                    self._delete_execution(cache, eid)
+                    pruned.append(head['key'])
         return sorted(pruned)
 
     # -- leases ----------------------------------------------------------------------------------
+    # A lease is `{eid}/l`: holder, epoch, expiry on this host's boot clock (and the boot's id, so a
+    # lease from before a reboot is expired), and a wall-clock expiry for messages and for systems
+    # without a boot clock. A live holder keeps its lock file locked; a lock that can be taken proves
+    # the holder's process gone, in whatever pid namespace or container it ran (B-12).
 
     @staticmethod
-    def _lease(cache: Any, eid: str) -> Lease | None:
+    def _lease(cache: Any, eid: str) -> _Held | None:
         stored = _json.loads_dict(cache.get(f'{eid}/l'))
         if stored is None or not isinstance(stored.get('holder'), str):
             return None
-        expires = stored.get('expires_at')
-        return Lease(stored['holder'], float(expires)) if isinstance(expires, (int, float)) else None
+        epoch, expires, until, boot = (stored.get(name) for name in ('epoch', 'expires_at', 'until', 'boot'))
+        if not isinstance(expires, (int, float)):
+            return None
+        return _Held(
+            stored['holder'],
+            epoch if type(epoch) is int else 0,  # a lease of 0.1.0 has none: no writer can carry it
+            float(expires),
+            float(until) if isinstance(until, (int, float)) else None,
+            boot if isinstance(boot, str) else None,
+        )
 
-    async def acquire_lease(self, key: str, holder: str, ttl: float, *, take_over: str | None = None) -> Lease | None:
+    def _lock_path(self, holder: str) -> Path:
+        return self.path / _LOCKS / (hashlib.sha256(holder.encode('utf-8', 'surrogatepass')).hexdigest()[:32] + '.lock')
+
+    def _hold_lock(self, holder: str) -> None:
+        """Create and lock `holder`'s lock file; it stays locked while this process holds the lease."""
+        if fcntl is None or holder in self._locks:
+            return
+        path = self._lock_path(holder)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._locks_guard:
+            self._locks[holder] = fd
+
+    def _drop_lock(self, holder: str) -> None:
+        with self._locks_guard:
+            fd = self._locks.pop(holder, None)
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self._lock_path(holder))
+        os.close(fd)
+
+    def _proved_dead(self, holder: str) -> bool:
+        """Whether `holder`'s process is gone: an ended attempt of ours, or a lock file nobody keeps locked."""
+        if ours_and_ended(holder):
+            return True
+        if fcntl is None or not is_proper(holder):
+            return False  # nothing can be proved: wait for the lease to expire
+        path = self._lock_path(holder)
+        try:
+            fd = os.open(path, os.O_RDWR | getattr(os, 'O_CLOEXEC', 0))
+        except OSError:
+            return False  # no lock file (removed by hand, another release): in doubt, wait
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False  # locked: the holder's process lives
+            raise
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            return True
+        finally:
+            os.close(fd)
+
+    async def acquire_lease(self, key: str, holder: str, ttl: float, *, force: bool = False) -> Lease:
+        eid = execution_id(key)
+        cache = self._open_cache()
+        self._hold_lock(holder)
+        try:
+            with cache.transact():
+                held = self._lease(cache, eid)
+                if not (
+                    force
+                    or held is None
+                    or not held.live(time.time(), local_clock(), boot_id())
+                    or held.holder == holder
+                    or self._proved_dead(held.holder)
+                ):
+                    granted = held.lease()
+                else:
+                    counter = _json.loads(cache.get(_EPOCH_KEY))
+                    epoch = (counter if type(counter) is int else 0) + 1
+                    cache.set(_EPOCH_KEY, _json.dumps(epoch))
+                    granted = self._store_lease(cache, eid, holder, epoch, ttl)
+        except BaseException:
+            self._drop_lock(holder)
+            raise
+        if granted.holder != holder:
+            self._drop_lock(holder)
+        return granted
+
+    async def renew_lease(self, key: str, holder: str, epoch: int, ttl: float) -> Lease | None:
         eid = execution_id(key)
         cache = self._open_cache()
         with cache.transact():
-            now = time.time()
-            current = self._lease(cache, eid)
-            if not lease_available(current, holder, take_over, now):
-                return current
-            cache.set(f'{eid}/l', _json.dumps({'holder': holder, 'expires_at': now + ttl}))
-        return None
+            held = self._lease(cache, eid)
+            if held is None or (held.holder, held.epoch) != (holder, epoch):
+                return held.lease() if held is not None else None
+            return self._store_lease(cache, eid, holder, epoch, ttl)
 
-    async def renew_lease(self, key: str, holder: str, ttl: float) -> bool:
+    @staticmethod
+    def _store_lease(cache: Any, eid: str, holder: str, epoch: int, ttl: float) -> Lease:
+        now = time.time()
+        until = local_clock() + ttl
+        stored = {'holder': holder, 'epoch': epoch, 'expires_at': now + ttl, 'until': until, 'boot': boot_id()}
+        cache.set(f'{eid}/l', _json.dumps(stored))
+        return Lease(holder, now + ttl, epoch)
+
+    async def release_lease(self, key: str, holder: str, epoch: int) -> None:
         eid = execution_id(key)
         try:
             cache = self._open_cache()
             with cache.transact():
-                current = self._lease(cache, eid)
-                if current is None or current.holder != holder:
-                    return False
-                cache.set(f'{eid}/l', _json.dumps({'holder': holder, 'expires_at': time.time() + ttl}))
-            return True
-        except Exception:
-            return False
-
-    async def release_lease(self, key: str, holder: str) -> None:
-        eid = execution_id(key)
-        try:
-            cache = self._open_cache()
-            with cache.transact():
-                current = self._lease(cache, eid)
-                if current is not None and current.holder == holder:
+                held = self._lease(cache, eid)
+                if held is not None and (held.holder, held.epoch) == (holder, epoch):
                     cache.delete(f'{eid}/l')
-        except Exception:
-            return
+        except Exception as exc:
+            log.debug('releasing a lease failed: %r', exc)
+        finally:
+            self._drop_lock(holder)
+
+
+def _value_files(path: Path) -> Any:
+    """Files diskcache would have written values to (`ab/cd/<name>.val`), if any are left."""
+    return path.glob('[0-9a-f][0-9a-f]/[0-9a-f][0-9a-f]/*.val')

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._errors import LeaseLost
 from . import _json
-from ._common import lease_available, status_of
+from ._common import status_of
+from ._holder import local_clock, ours_and_ended
 from ._protocol import ExecutionInfo, Lease, RunSnapshot
 
 __all__ = ('MemoryJournal',)
@@ -20,24 +23,40 @@ class _Run:
     records: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Held:
+    holder: str
+    epoch: int
+    until: float
+    """Expiry on `local_clock()`: the process's own clock, which no wall-clock change moves."""
+
+    def lease(self) -> Lease:
+        return Lease(self.holder, time.time() + self.until - local_clock(), self.epoch)
+
+
 @dataclass
 class _Execution:
     record: str | None = None
     runs: dict[str, _Run] = field(default_factory=dict)
-    lease: Lease | None = None
+    lease: _Held | None = None
     updated: float = field(default_factory=time.time)
+
+    def leased(self, now: float) -> bool:
+        return self.lease is not None and self.lease.until > now
 
 
 class MemoryJournal:
     """A journal that lives as long as the object: nothing survives the process.
 
     Values are stored as JSON text and decoded afresh on every read (J-5), so what a test sees is
-    exactly what a later attempt in the same process would read back.
+    exactly what a later attempt in the same process would read back. Writes are fenced by lease
+    epoch like every other backend's (B-9), so tests of stale attempts hold here too.
     """
 
     def __init__(self) -> None:
         self._executions: dict[str, _Execution] = {}
         self._lock = threading.Lock()
+        self._epochs = itertools.count(1)
 
     def __repr__(self) -> str:
         return f'MemoryJournal(<{len(self._executions)} executions>)'
@@ -45,10 +64,14 @@ class MemoryJournal:
     async def open(self) -> None:
         return None
 
-    def _touch(self, key: str) -> _Execution:
-        execution = self._executions.setdefault(key, _Execution())
-        execution.updated = time.time()
-        return execution
+    def _fenced(self, key: str, epoch: int) -> _Execution:
+        """The execution `key`, if `epoch` is its current lease's; call with the lock held (B-9)."""
+        stored = self._executions.get(key)
+        held = stored.lease if stored is not None else None
+        if stored is None or held is None or held.epoch != epoch:
+            raise LeaseLost(key, holder=held.holder if held is not None else None)
+        stored.updated = time.time()
+        return stored
 
     async def read_run(self, key: str, run: str) -> RunSnapshot:
         with self._lock:
@@ -60,20 +83,20 @@ class MemoryJournal:
             records = {name: _json.loads(text) for name, text in found.records.items()}
         return RunSnapshot(entries=entries, records=records)
 
-    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any]) -> bool:
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
         text = _json.dumps(entry)
         if text is None:
             return False
         with self._lock:
-            self._touch(key).runs.setdefault(run, _Run()).entries[position] = text
+            self._fenced(key, epoch).runs.setdefault(run, _Run()).entries[position] = text
         return True
 
-    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any]) -> bool:
+    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any], *, epoch: int) -> bool:
         text = _json.dumps(value)
         if text is None:
             return False
         with self._lock:
-            self._touch(key).runs.setdefault(run, _Run()).records[name] = text
+            self._fenced(key, epoch).runs.setdefault(run, _Run()).records[name] = text
         return True
 
     async def read_execution(self, key: str) -> dict[str, Any] | None:
@@ -81,26 +104,25 @@ class MemoryJournal:
             stored = self._executions.get(key)
             return _json.loads_record(stored.record) if stored else None
 
-    async def write_execution(self, key: str, value: dict[str, Any]) -> bool:
+    async def write_execution(self, key: str, value: dict[str, Any], *, epoch: int) -> bool:
         text = _json.dumps(value)
         if text is None:
             return False
         with self._lock:
-            self._touch(key).record = text
+            self._fenced(key, epoch).record = text
         return True
 
-    async def delete_run(self, key: str, run: str) -> None:
+    async def delete_run(self, key: str, run: str, *, epoch: int) -> None:
         with self._lock:
-            stored = self._executions.get(key)
-            if stored is not None:
-                stored.runs.pop(run, None)
+            self._fenced(key, epoch).runs.pop(run, None)
 
-    async def delete_execution(self, key: str) -> None:
+    async def delete_execution(self, key: str, *, epoch: int) -> None:
         with self._lock:
-            self._executions.pop(key, None)
+            self._fenced(key, epoch)
+            del self._executions[key]
 
     async def list_executions(self) -> list[ExecutionInfo]:
-        now = time.time()
+        now = local_clock()
         infos: list[ExecutionInfo] = []
         with self._lock:
             for key, stored in self._executions.items():
@@ -115,45 +137,46 @@ class MemoryJournal:
                         runs=len(stored.runs),
                         steps=sum(len(run.entries) for run in stored.runs.values()),
                         bytes=sum(len(text) for text in texts) + len(stored.record or ''),
-                        status=status_of(_json.loads_dict(stored.record), stored.lease, now),
+                        status=status_of(_json.loads_dict(stored.record), leased=stored.leased(now)),
                         updated=stored.updated,
                     )
                 )
         return sorted(infos, key=lambda info: info.key)
 
-    async def acquire_lease(self, key: str, holder: str, ttl: float, *, take_over: str | None = None) -> Lease | None:
-        now = time.time()
+    async def acquire_lease(self, key: str, holder: str, ttl: float, *, force: bool = False) -> Lease:
         with self._lock:
-            execution = self._executions.setdefault(key, _Execution())
-            if not lease_available(execution.lease, holder, take_over, now):
-                return execution.lease
-            execution.lease = Lease(holder, now + ttl)
-        return None
+            now = local_clock()
+            stored = self._executions.setdefault(key, _Execution())
+            held = stored.lease
+            if force or held is None or held.until <= now or held.holder == holder or ours_and_ended(held.holder):
+                held = stored.lease = _Held(holder, next(self._epochs), now + ttl)
+            return held.lease()
 
-    async def renew_lease(self, key: str, holder: str, ttl: float) -> bool:
+    async def renew_lease(self, key: str, holder: str, epoch: int, ttl: float) -> Lease | None:
         with self._lock:
-            execution = self._executions.get(key)
-            if execution is None or execution.lease is None or execution.lease.holder != holder:
-                return False
-            execution.lease = Lease(holder, time.time() + ttl)
-        return True
+            stored = self._executions.get(key)
+            held = stored.lease if stored is not None else None
+            if stored is None or held is None:
+                return None
+            if (held.holder, held.epoch) == (holder, epoch):
+                held = stored.lease = _Held(holder, epoch, local_clock() + ttl)
+            return held.lease()
 
-    async def release_lease(self, key: str, holder: str) -> None:
+    async def release_lease(self, key: str, holder: str, epoch: int) -> None:
         with self._lock:
-            execution = self._executions.get(key)
-            if execution is None or execution.lease is None or execution.lease.holder != holder:
+            stored = self._executions.get(key)
+            if stored is None or stored.lease is None or (stored.lease.holder, stored.lease.epoch) != (holder, epoch):
                 return
-            execution.lease = None
-            if execution.record is None and not execution.runs:
+            stored.lease = None
+            if stored.record is None and not stored.runs:
                 del self._executions[key]
 
     async def prune(self, older_than: float) -> list[str]:
         cutoff = time.time() - older_than
         with self._lock:
+            now = local_clock()
             doomed = [
-                key
-                for key, stored in self._executions.items()
-                if stored.updated < cutoff and (stored.lease is None or stored.lease.expires_at <= time.time())
+                key for key, stored in self._executions.items() if stored.updated < cutoff and not stored.leased(now)
             ]
             for key in doomed:
                 del self._executions[key]

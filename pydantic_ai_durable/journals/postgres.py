@@ -4,7 +4,9 @@ Plain SQL over psycopg 3 (async). Values are stored as the JSON text of `_json.d
 columns (not `jsonb`, which would reorder keys, refuse NaN and normalise numbers). An execution is
 identified by the sha256 of its key (`execution_id`), so a key of any length and content, NUL
 included, maps to a fixed-size primary key; the key itself is kept as UTF-8 bytes (`bytea`) for
-listing. Every write is one autocommitted statement: committed before it returns (B-2).
+listing. Every write is one autocommitted statement: committed before it returns (B-2), and
+fenced in that same statement by the writer's lease epoch (B-9). Every time (lease expiry, update
+stamps, prune cutoffs) is the server's clock, never a client's (B-11).
 
 An async connection belongs to the event loop that opened it, and the journal core calls a
 journal from several loops (`asyncio.run` in the lease renewer thread, synchronous `execution()`
@@ -18,16 +20,16 @@ import asyncio
 import hashlib
 import re
 import threading
-import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._errors import JournalUnavailable
+from .._errors import JournalUnavailable, LeaseLost
 from . import _json
-from ._common import execution_id, lease_available, status_of
+from ._common import execution_id, status_of
+from ._holder import ours_and_ended
 from ._protocol import ExecutionInfo, Lease, RunSnapshot
 
 if TYPE_CHECKING:
@@ -35,12 +37,20 @@ if TYPE_CHECKING:
 
 __all__ = ('SCHEMA_VERSION', 'PostgresJournal')
 
-SCHEMA_VERSION = 1
-"""The layout this code writes; a database at a newer version is refused (it was migrated by a newer release)."""
+SCHEMA_VERSION = 2
+"""The layout this code writes; a database at a newer version is refused (it was migrated by a newer release).
+
+Version 2 added fencing epochs and the lease holder's database session; a version 1 schema is
+upgraded in place, and releases that only know version 1 then refuse it, so no unfenced writer remains.
+"""
 
 _T = TypeVar('_T')
 _INSTALL_HINT = "PostgresJournal needs psycopg 3: pip install 'pydantic-ai-durable[postgres]'"
 _LEASE_ATTEMPTS = 8
+_DYING_SESSION_WAIT = 0.5
+"""Seconds to watch a holder's database session end, when its process was just killed, before calling it busy."""
+_NOW = 'extract(epoch FROM clock_timestamp())'
+"""The server's time in epoch seconds: the one clock every worker's lease is judged by (B-11)."""
 
 
 def _require_psycopg() -> None:
@@ -88,7 +98,9 @@ class _Sql:
 
     def __init__(self, schema: str) -> None:
         s = _quote_identifier(schema)
+        now = _NOW
         self.version_table = f'{s}.schema_version'
+        # Idempotent, so it both creates a schema and upgrades one of version 1.
         self.ddl = f"""
             CREATE SCHEMA IF NOT EXISTS {s};
             CREATE TABLE IF NOT EXISTS {s}.schema_version (
@@ -103,6 +115,11 @@ class _Sql:
                 lease_expires double precision,
                 updated double precision
             );
+            ALTER TABLE {s}.executions
+                ADD COLUMN IF NOT EXISTS lease_epoch bigint,
+                ADD COLUMN IF NOT EXISTS lease_session integer,
+                ADD COLUMN IF NOT EXISTS lease_session_start timestamptz;
+            CREATE SEQUENCE IF NOT EXISTS {s}.lease_epochs;
             CREATE TABLE IF NOT EXISTS {s}.entries (
                 eid text NOT NULL,
                 run text NOT NULL,
@@ -125,24 +142,27 @@ class _Sql:
             'ON CONFLICT (one) DO UPDATE SET version = EXCLUDED.version'
         )
         self.probe = f"INSERT INTO {s}.executions (eid, key) VALUES (%(eid)s, '') ON CONFLICT (eid) DO NOTHING"
-        touch = (
-            f'INSERT INTO {s}.executions AS x (eid, key, updated) VALUES (%(eid)s, %(key)s, %(now)s) '
-            'ON CONFLICT (eid) DO UPDATE SET updated = EXCLUDED.updated'
+        self.probe_epochs = f"SELECT nextval('{s}.lease_epochs')"
+        # B-9: every write first updates the execution row where the writer's epoch is the current one.
+        # The row lock serialises it with a takeover, which re-evaluates the condition after waiting.
+        fence = (
+            f'UPDATE {s}.executions SET updated = {now} WHERE eid = %(eid)s AND lease_epoch = %(epoch)s RETURNING eid'
         )
         self.write_entry = (
-            f'WITH touch AS ({touch}) '
-            f'INSERT INTO {s}.entries (eid, run, position, value) VALUES (%(eid)s, %(run)s, %(position)s, %(value)s) '
-            'ON CONFLICT (eid, run, position) DO UPDATE SET value = EXCLUDED.value'
+            f'WITH fence AS ({fence}) '
+            f'INSERT INTO {s}.entries (eid, run, position, value) '
+            'SELECT eid, %(run)s, %(position)s, %(value)s FROM fence '
+            'ON CONFLICT (eid, run, position) DO UPDATE SET value = EXCLUDED.value RETURNING 1'
         )
         self.write_record = (
-            f'WITH touch AS ({touch}) '
-            f'INSERT INTO {s}.run_records (eid, run, name, value) VALUES (%(eid)s, %(run)s, %(name)s, %(value)s) '
-            'ON CONFLICT (eid, run, name) DO UPDATE SET value = EXCLUDED.value'
+            f'WITH fence AS ({fence}) '
+            f'INSERT INTO {s}.run_records (eid, run, name, value) '
+            'SELECT eid, %(run)s, %(name)s, %(value)s FROM fence '
+            'ON CONFLICT (eid, run, name) DO UPDATE SET value = EXCLUDED.value RETURNING 1'
         )
         self.write_execution = (
-            f'INSERT INTO {s}.executions AS x (eid, key, record, updated) '
-            'VALUES (%(eid)s, %(key)s, %(value)s, %(now)s) '
-            'ON CONFLICT (eid) DO UPDATE SET record = EXCLUDED.record, updated = EXCLUDED.updated'
+            f'UPDATE {s}.executions SET record = %(value)s, updated = {now} '
+            'WHERE eid = %(eid)s AND lease_epoch = %(epoch)s RETURNING 1'
         )
         # PERF-3: a run's entries and records in one statement, one round trip.
         self.read_run = (
@@ -152,17 +172,21 @@ class _Sql:
         )
         self.read_execution = f'SELECT record FROM {s}.executions WHERE eid = %(eid)s'
         self.delete_run = (
-            f'WITH gone AS (DELETE FROM {s}.entries WHERE eid = %(eid)s AND run = %(run)s) '
-            f'DELETE FROM {s}.run_records WHERE eid = %(eid)s AND run = %(run)s'
+            f'WITH fence AS ({fence}), '
+            f'gone AS (DELETE FROM {s}.entries WHERE eid IN (SELECT eid FROM fence) AND run = %(run)s), '
+            f'gone_records AS (DELETE FROM {s}.run_records WHERE eid IN (SELECT eid FROM fence) AND run = %(run)s) '
+            'SELECT count(*) FROM fence'
         )
-        # Deleting the execution row first locks it, so a concurrent write (which upserts that row
-        # first) either committed before and is deleted below, or waits and recreates the row.
+        self.lock_execution = f'SELECT 1 FROM {s}.executions WHERE eid = %(eid)s AND lease_epoch = %(epoch)s FOR UPDATE'
         self.delete_execution_row = f'DELETE FROM {s}.executions WHERE eid = ANY(%(eids)s)'
         self.delete_entries = f'DELETE FROM {s}.entries WHERE eid = ANY(%(eids)s)'
         self.delete_records = f'DELETE FROM {s}.run_records WHERE eid = ANY(%(eids)s)'
+        # B-13: judged by the server's clock, in the statement that deletes (the row lock keeps a
+        # concurrent acquire out until it commits).
         self.prune = (
             f'DELETE FROM {s}.executions '
-            'WHERE (updated IS NULL OR updated < %(cutoff)s) AND (lease_expires IS NULL OR lease_expires <= %(now)s) '
+            f'WHERE (updated IS NULL OR updated < {now} - %(older_than)s) '
+            f'AND (lease_expires IS NULL OR lease_expires <= {now}) '
             'RETURNING eid, key, updated IS NOT NULL'
         )
         self.list = f"""
@@ -171,33 +195,50 @@ class _Sql:
                  u AS (SELECT eid, count(*) AS n FROM (
                           SELECT eid, run FROM {s}.entries UNION SELECT eid, run FROM {s}.run_records
                        ) AS runs GROUP BY eid)
-            SELECT x.key, x.record, x.lease_holder, x.lease_expires, x.updated,
+            SELECT x.key, x.record, coalesce(x.lease_expires > {now}, false), x.updated,
                    coalesce(u.n, 0), coalesce(e.n, 0),
                    coalesce(e.b, 0) + coalesce(r.b, 0) + coalesce(octet_length(x.record), 0)
             FROM {s}.executions AS x
             LEFT JOIN e ON e.eid = x.eid LEFT JOIN r ON r.eid = x.eid LEFT JOIN u ON u.eid = x.eid
             WHERE x.record IS NOT NULL OR e.n IS NOT NULL OR r.n IS NOT NULL
         """
-        self.acquire = (
-            f'INSERT INTO {s}.executions AS x (eid, key, lease_holder, lease_expires) '
-            'VALUES (%(eid)s, %(key)s, %(holder)s, %(expires)s) '
-            'ON CONFLICT (eid) DO UPDATE '
-            'SET lease_holder = EXCLUDED.lease_holder, lease_expires = EXCLUDED.lease_expires '
-            'WHERE x.lease_holder IS NULL OR x.lease_expires IS NULL OR x.lease_expires <= %(now)s '
-            'OR x.lease_holder = %(holder)s OR x.lease_holder = %(take_over)s '
-            'RETURNING 1'
+        # The holder's own database session, recorded with its lease: while it is connected the
+        # holder lives; once the session is gone (its process died and the socket closed) the lease
+        # is taken at once, whatever host or container the holder ran in (B-12).
+        session = 'pg_backend_pid(), (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())'
+        session_gone = (
+            'x.lease_session IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_stat_activity AS a '
+            'WHERE a.pid = x.lease_session AND (a.backend_start IS NULL OR x.lease_session_start IS NULL '
+            'OR a.backend_start = x.lease_session_start))'
         )
-        self.read_lease = f'SELECT lease_holder, lease_expires FROM {s}.executions WHERE eid = %(eid)s'
+        self.session_alive = (
+            f'SELECT NOT ({session_gone}) FROM {s}.executions AS x WHERE eid = %(eid)s AND lease_holder = %(holder)s'
+        )
+        self.acquire = (
+            f'INSERT INTO {s}.executions AS x '
+            '(eid, key, lease_holder, lease_expires, lease_epoch, lease_session, lease_session_start) '
+            f"VALUES (%(eid)s, %(key)s, %(holder)s, {now} + %(ttl)s, nextval('{s}.lease_epochs'), {session}) "
+            'ON CONFLICT (eid) DO UPDATE SET lease_holder = EXCLUDED.lease_holder, '
+            'lease_expires = EXCLUDED.lease_expires, lease_epoch = EXCLUDED.lease_epoch, '
+            'lease_session = EXCLUDED.lease_session, lease_session_start = EXCLUDED.lease_session_start '
+            'WHERE %(force)s OR x.lease_holder IS NULL OR x.lease_expires IS NULL '
+            f'OR x.lease_expires <= {now} OR x.lease_holder = %(holder)s OR x.lease_holder = %(take_over)s '
+            f'OR ({session_gone}) '
+            'RETURNING lease_expires, lease_epoch'
+        )
+        self.read_lease = f'SELECT lease_holder, lease_expires, lease_epoch FROM {s}.executions WHERE eid = %(eid)s'
         self.renew = (
-            f'UPDATE {s}.executions SET lease_expires = %(expires)s '
-            'WHERE eid = %(eid)s AND lease_holder = %(holder)s RETURNING 1'
+            f'UPDATE {s}.executions SET lease_expires = {now} + %(ttl)s, '
+            f'(lease_session, lease_session_start) = (SELECT {session}) '
+            'WHERE eid = %(eid)s AND lease_holder = %(holder)s AND lease_epoch = %(epoch)s RETURNING lease_expires'
         )
         # A lease-only row (no write ever touched it) goes with its lease; otherwise only the lease is cleared.
+        mine = 'eid = %(eid)s AND lease_holder = %(holder)s AND lease_epoch = %(epoch)s'
         self.release = (
-            f'WITH gone AS (DELETE FROM {s}.executions '
-            'WHERE eid = %(eid)s AND lease_holder = %(holder)s AND updated IS NULL AND record IS NULL) '
-            f'UPDATE {s}.executions SET lease_holder = NULL, lease_expires = NULL '
-            'WHERE eid = %(eid)s AND lease_holder = %(holder)s AND (updated IS NOT NULL OR record IS NOT NULL)'
+            f'WITH gone AS (DELETE FROM {s}.executions WHERE {mine} AND updated IS NULL AND record IS NULL) '
+            f'UPDATE {s}.executions SET lease_holder = NULL, lease_expires = NULL, lease_epoch = NULL, '
+            'lease_session = NULL, lease_session_start = NULL '
+            f'WHERE {mine} AND (updated IS NOT NULL OR record IS NOT NULL)'
         )
 
 
@@ -209,8 +250,8 @@ class PostgresJournal:
     under different schemas. Connections are opened lazily, one per event loop that uses the
     journal; `connect_timeout` (seconds) applies unless the DSN sets its own.
 
-    Times (update stamps, lease expiry) are this process's `time.time()`, so workers' clocks must
-    agree to within a small fraction of the lease TTL, as for any lease on a shared store.
+    Times (update stamps, lease expiry, prune cutoffs) are the server's clock, so workers whose clocks
+    disagree still agree on who holds an execution (B-11).
     """
 
     def __init__(self, dsn: str, *, schema: str = 'pydantic_ai_durable', connect_timeout: float = 10) -> None:
@@ -234,6 +275,11 @@ class PostgresJournal:
 
     def __repr__(self) -> str:
         return f'PostgresJournal({_safe_dsn(self.dsn)!r}, schema={self.schema!r})'
+
+    @property
+    def store_identity(self) -> object:
+        """Equal for every `PostgresJournal` on one DSN and schema: one store, one lease per execution."""
+        return ('postgres', self.dsn, self.schema)
 
     # -- connections -----------------------------------------------------------------------------
 
@@ -364,6 +410,7 @@ class PostgresJournal:
         """Prove the tables can be written (privileges, read-only replicas) without leaving anything behind."""
         async with conn.transaction(force_rollback=True):
             await conn.execute(self._sql.probe, {'eid': f'probe:{uuid.uuid4().hex}'})
+            await conn.execute(self._sql.probe_epochs)  # leases need it: a user without it fails here
 
     def __del__(self) -> None:
         # A journal dropped without `close()`: nothing can be in flight on its connections any more,
@@ -374,6 +421,12 @@ class PostgresJournal:
             except Exception:  # never raise from a finaliser, even at interpreter exit
                 continue
 
+    async def detach(self) -> None:
+        """Close the running event loop's connection, which is of no use once that loop ends."""
+        found, _ = self._lookup(asyncio.get_running_loop())
+        if found is not None:
+            await self._drop(found)
+
     async def close(self) -> None:
         with self._slots_lock:
             slots = list(self._slots.values())
@@ -383,12 +436,32 @@ class PostgresJournal:
 
     # -- runs ------------------------------------------------------------------------------------
 
-    async def _write(self, statement: str, params: dict[str, Any]) -> bool:
+    async def _lease_lost(self, key: str) -> LeaseLost:
+        """The error for a write the fence refused, naming who holds the execution now."""
         try:
-            await self._run(lambda conn: conn.execute(statement, params))
-            return True
+            current = await self._read_lease(execution_id(key))
         except Exception:
+            current = None
+        return LeaseLost(key, holder=current.holder if current is not None else None)
+
+    async def _fenced(self, key: str, statement: str, params: dict[str, Any]) -> bool:
+        """Run a write that returns a row only when the writer's epoch is current (B-9).
+
+        `False` when the database refuses the value itself (a NUL in text, a number out of range):
+        the same value fails every time, so it is not a store failure worth retrying (J-2).
+        """
+        import psycopg
+
+        async def write(conn: AsyncConnection[Any]) -> tuple[Any, ...] | None:
+            return await (await conn.execute(statement, params)).fetchone()
+
+        try:
+            row = await self._run(write)
+        except psycopg.DataError:
             return False
+        if row is None or row[0] == 0:
+            raise await self._lease_lost(key)
+        return True
 
     async def read_run(self, key: str, run: str) -> RunSnapshot:
         params = {'eid': execution_id(key), 'run': run}
@@ -405,34 +478,22 @@ class PostgresJournal:
                 snapshot.records[name] = _json.loads(value)
         return snapshot
 
-    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any]) -> bool:
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
         text = _json.dumps(entry)
         if text is None:
             return False
-        params = {
-            'eid': execution_id(key),
-            'key': _key_bytes(key),
-            'now': time.time(),
-            'run': run,
-            'position': position,
-            'value': text,
-        }
-        return await self._write(self._sql.write_entry, params)
+        params = {'eid': execution_id(key), 'epoch': epoch, 'run': run, 'position': position, 'value': text}
+        return await self._fenced(key, self._sql.write_entry, params)
 
-    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any]) -> bool:
+    async def write_record(self, key: str, run: str, name: str, value: dict[str, Any], *, epoch: int) -> bool:
         text = _json.dumps(value)
         if text is None:
             return False
-        eid = execution_id(key)
-        params = {'eid': eid, 'key': _key_bytes(key), 'now': time.time(), 'run': run, 'name': name, 'value': text}
-        return await self._write(self._sql.write_record, params)
+        params = {'eid': execution_id(key), 'epoch': epoch, 'run': run, 'name': name, 'value': text}
+        return await self._fenced(key, self._sql.write_record, params)
 
-    async def delete_run(self, key: str, run: str) -> None:
-        params = {'eid': execution_id(key), 'run': run}
-        try:
-            await self._run(lambda conn: conn.execute(self._sql.delete_run, params))
-        except Exception:
-            return
+    async def delete_run(self, key: str, run: str, *, epoch: int) -> None:
+        await self._fenced(key, self._sql.delete_run, {'eid': execution_id(key), 'epoch': epoch, 'run': run})
 
     # -- executions ------------------------------------------------------------------------------
 
@@ -445,12 +506,12 @@ class PostgresJournal:
         row = await self._run(read)
         return _json.loads_record(row[0]) if row is not None else None
 
-    async def write_execution(self, key: str, value: dict[str, Any]) -> bool:
+    async def write_execution(self, key: str, value: dict[str, Any], *, epoch: int) -> bool:
         text = _json.dumps(value)
         if text is None:
             return False
-        params = {'eid': execution_id(key), 'key': _key_bytes(key), 'value': text, 'now': time.time()}
-        return await self._write(self._sql.write_execution, params)
+        params = {'eid': execution_id(key), 'epoch': epoch, 'value': text}
+        return await self._fenced(key, self._sql.write_execution, params)
 
     async def _delete_eids(self, conn: AsyncConnection[Any], eids: list[str]) -> None:
         params = {'eids': eids}
@@ -458,45 +519,44 @@ class PostgresJournal:
         await conn.execute(self._sql.delete_entries, params)
         await conn.execute(self._sql.delete_records, params)
 
-    async def delete_execution(self, key: str) -> None:
-        eids = [execution_id(key)]
+    async def delete_execution(self, key: str, *, epoch: int) -> None:
+        eid = execution_id(key)
 
-        async def delete(conn: AsyncConnection[Any]) -> None:
+        async def delete(conn: AsyncConnection[Any]) -> bool:
             async with conn.transaction():
-                await self._delete_eids(conn, eids)
+                locked = await (await conn.execute(self._sql.lock_execution, {'eid': eid, 'epoch': epoch})).fetchone()
+                if locked is None:
+                    return False
+                await self._delete_eids(conn, [eid])
+            return True
 
-        try:
-            await self._run(delete)
-        except Exception:
-            return
+        if not await self._run(delete):
+            raise await self._lease_lost(key)
 
     async def list_executions(self) -> list[ExecutionInfo]:
         async def read(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             return await (await conn.execute(self._sql.list)).fetchall()
 
         rows = await self._run(read)
-        now = time.time()
         infos: list[ExecutionInfo] = []
-        for raw_key, record, holder, expires, updated, runs, steps, size in rows:
+        for raw_key, record, leased, updated, runs, steps, size in rows:
             key = _key_text(raw_key)
             if key is None:
                 continue
-            lease = Lease(holder, float(expires)) if isinstance(holder, str) and expires is not None else None
             infos.append(
                 ExecutionInfo(
                     key=key,
                     runs=int(runs),
                     steps=int(steps),
                     bytes=int(size),
-                    status=status_of(_json.loads_dict(record), lease, now),
+                    status=status_of(_json.loads_dict(record), leased=bool(leased)),
                     updated=float(updated) if updated is not None else 0.0,
                 )
             )
         return sorted(infos, key=lambda info: info.key)
 
     async def prune(self, older_than: float) -> list[str]:
-        now = time.time()
-        params = {'cutoff': now - older_than, 'now': now}
+        params = {'older_than': float(older_than)}
 
         async def prune(conn: AsyncConnection[Any]) -> list[str]:
             async with conn.transaction():
@@ -511,29 +571,44 @@ class PostgresJournal:
 
     # -- leases ----------------------------------------------------------------------------------
 
-    async def acquire_lease(self, key: str, holder: str, ttl: float, *, take_over: str | None = None) -> Lease | None:
-        eid = execution_id(key)
+    async def _read_lease(self, eid: str) -> Lease | None:
+        async def read(conn: AsyncConnection[Any]) -> tuple[Any, ...] | None:
+            return await (await conn.execute(self._sql.read_lease, {'eid': eid})).fetchone()
 
-        async def acquire(conn: AsyncConnection[Any]) -> Lease | None:
+        row = await self._run(read)
+        if row is None or row[0] is None or row[1] is None:
+            return None
+        return Lease(row[0], float(row[1]), int(row[2]) if row[2] is not None else 0)
+
+    async def acquire_lease(self, key: str, holder: str, ttl: float, *, force: bool = False) -> Lease:
+        eid = execution_id(key)
+        params: dict[str, Any] = {
+            'eid': eid,
+            'key': _key_bytes(key),
+            'holder': holder,
+            'ttl': float(ttl),
+            'force': force,
+            'take_over': None,
+        }
+
+        async def acquire(conn: AsyncConnection[Any]) -> Lease:
+            waited = 0.0
             for _ in range(_LEASE_ATTEMPTS):
-                now = time.time()
-                params = {
-                    'eid': eid,
-                    'key': _key_bytes(key),
-                    'holder': holder,
-                    'expires': now + ttl,
-                    'now': now,
-                    'take_over': take_over,
-                }
-                if await (await conn.execute(self._sql.acquire, params)).fetchone() is not None:
-                    return None
-                row = await (await conn.execute(self._sql.read_lease, {'eid': eid})).fetchone()
-                current = None
-                if row is not None and row[0] is not None and row[1] is not None:
-                    current = Lease(row[0], float(row[1]))
-                if not lease_available(current, holder, take_over, time.time()):
-                    return current
-                # Released or expired between the two statements: try again.
+                row = await (await conn.execute(self._sql.acquire, params)).fetchone()
+                if row is not None:
+                    return Lease(holder, float(row[0]), int(row[1]))
+                current = await self._read_lease(eid)
+                if current is None:
+                    continue  # released between the two statements: try again
+                if ours_and_ended(current.holder):  # an attempt of this process that ended (JF-3)
+                    params['take_over'] = current.holder
+                    continue
+                if waited < _DYING_SESSION_WAIT and await self._session_alive(conn, eid, current.holder):
+                    # A holder killed an instant ago still shows its session until the server notices.
+                    await asyncio.sleep(0.1)
+                    waited += 0.1
+                    continue
+                return current
             raise RuntimeError(f'the lease on execution {key!r} changed hands too often to be taken')
 
         try:
@@ -546,17 +621,26 @@ class PostgresJournal:
                 f'({type(exc).__name__}: {_one_line(exc)}); no model was called.'
             ) from exc
 
-    async def renew_lease(self, key: str, holder: str, ttl: float) -> bool:
-        """`False` when the lease was lost; raises when the database cannot be reached, so a renewer retries."""
-        params = {'eid': execution_id(key), 'holder': holder, 'expires': time.time() + ttl}
+    async def _session_alive(self, conn: AsyncConnection[Any], eid: str, holder: str) -> bool:
+        """Whether `holder` recorded a database session that is still connected (a live or dying holder)."""
+        row = await (await conn.execute(self._sql.session_alive, {'eid': eid, 'holder': holder})).fetchone()
+        return bool(row is not None and row[0])
 
-        async def renew(conn: AsyncConnection[Any]) -> bool:
-            return await (await conn.execute(self._sql.renew, params)).fetchone() is not None
+    async def renew_lease(self, key: str, holder: str, epoch: int, ttl: float) -> Lease | None:
+        """The lease now in force; raises when the database cannot be reached, so the renewer retries."""
+        eid = execution_id(key)
+        params = {'eid': eid, 'holder': holder, 'epoch': epoch, 'ttl': float(ttl)}
 
-        return await self._run(renew)
+        async def renew(conn: AsyncConnection[Any]) -> tuple[Any, ...] | None:
+            return await (await conn.execute(self._sql.renew, params)).fetchone()
 
-    async def release_lease(self, key: str, holder: str) -> None:
-        params = {'eid': execution_id(key), 'holder': holder}
+        row = await self._run(renew)
+        if row is not None:
+            return Lease(holder, float(row[0]), epoch)
+        return await self._read_lease(eid)
+
+    async def release_lease(self, key: str, holder: str, epoch: int) -> None:
+        params = {'eid': execution_id(key), 'holder': holder, 'epoch': epoch}
         try:
             await self._run(lambda conn: conn.execute(self._sql.release, params))
         except Exception:
