@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-import diskcache  # type: ignore[import-untyped]
-
 from .._errors import JournalUnavailable
 from . import _json
 from ._common import execution_id, lease_available, status_of
+from ._disk_format import JournalCache
+from ._files import DEFAULT_MODE, check_mode
 from ._protocol import ExecutionInfo, Lease, RunSnapshot
 
 __all__ = ('DiskJournal', 'default_directory')
@@ -34,25 +34,8 @@ _SYNCHRONOUS: dict[Durability, int] = {'process': 1, 'power': 2}
 """SQLite `synchronous` per durability: NORMAL (a commit survives a process kill), FULL (also power loss)."""
 
 
-class _Cache(diskcache.Cache):  # type: ignore[misc]
-    """A diskcache whose every SQLite connection runs at this journal's `synchronous` level.
-
-    diskcache sets the pragmas of each new connection (one per thread and per process) from its
-    `Settings` table, which the last `Cache` opened on the directory rewrites. Without pinning, a
-    `durability="power"` journal's next connection (the lease renewer's thread, a forked worker)
-    silently ran with `synchronous=NORMAL` once any `durability="process"` journal, another process
-    or the CLI had opened the same directory.
-    """
-
-    def __init__(self, directory: str, *, synchronous: int, **settings: Any) -> None:
-        self._synchronous = synchronous
-        super().__init__(directory, sqlite_synchronous=synchronous, **settings)
-
-    def reset(self, key: str, value: Any = diskcache.core.ENOVAL, update: bool = True) -> Any:
-        # Every connection applies its pragmas through here, from whatever `Settings` holds now.
-        if key == 'sqlite_synchronous' and value is not diskcache.core.ENOVAL:
-            value = self._synchronous
-        return super().reset(key, value, update)
+class _Cache(JournalCache):
+    """The journal's diskcache: settings pinned, JSON text rows only, files made private (see `_disk_format`)."""
 
 
 def _sync_directory(path: Path) -> None:
@@ -85,13 +68,26 @@ class DiskJournal:
     survives a SIGKILL of the process (B-2). `durability="power"` also waits for the disk
     (`synchronous=FULL`) so it survives power loss, at the cost of an fsync per step. Entries never
     expire and are never evicted; only cleanup, `delete` and `prune` remove them.
+
+    The directory and its files are created private to their owner (`mode=0o600`: files `0o600`,
+    directories `0o700`, whatever the umask). To share a journal with a group on purpose, pass
+    `mode=0o660` (directories `0o770`). Rows are read as JSON text only: nothing stored in the
+    directory is ever unpickled or followed outside it.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, durability: Durability = 'process') -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        durability: Durability = 'process',
+        mode: int = DEFAULT_MODE,
+    ) -> None:
         if durability not in ('process', 'power'):
             raise ValueError(f"DiskJournal durability must be 'process' or 'power', not {durability!r}.")
         self.path = Path(path) if path is not None else default_directory()
         self.durability: Durability = durability
+        self.mode = check_mode(mode)
+        """Permission bits of the files the journal creates; its directories get the matching `0o7xx`."""
         self._cache: Any = None
         self._tops: dict[tuple[str, str], int] = {}
         """Per (execution, run): positions below this are covered by the stored head, as of the run's start."""
@@ -101,7 +97,8 @@ class DiskJournal:
         """Per execution: when this object last wrote the head's `updated`."""
 
     def __repr__(self) -> str:
-        return f'DiskJournal({str(self.path)!r}, durability={self.durability!r})'
+        shared = f', mode={self.mode:#o}' if self.mode != DEFAULT_MODE else ''
+        return f'DiskJournal({str(self.path)!r}, durability={self.durability!r}{shared})'
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -110,6 +107,7 @@ class DiskJournal:
             self._cache = _Cache(
                 str(self.path),
                 synchronous=_SYNCHRONOUS[self.durability],
+                file_mode=self.mode,
                 eviction_policy='none',
                 cull_limit=0,  # nothing expires or is evicted, so skip diskcache's expiry query on every write
                 disk_min_file_size=_INLINE,
