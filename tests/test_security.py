@@ -461,3 +461,78 @@ async def test_disk_journal_refuses_a_database_that_is_a_symbolic_link(journal_d
     with pytest.raises(JournalUnavailable, match='symbolic link'):
         await DiskJournal(journal_dir).open()
     assert (outside / 'victim').read_text() == 'precious'
+
+
+# -- 4. terminal injection: the CLI prints no raw control character ----------------------------------
+
+CONTROL = '\x1b]0;pwned\x07\x1b[2J\x9b31m'
+"""An OSC title change ended by BEL, a clear screen, and a C1 CSI: what a crafted journal sends."""
+
+
+def _craft(path: Path) -> str:
+    """A journal whose every stored text field carries control characters; returns the execution key."""
+    key = f'key{CONTROL}'
+    run_key = f'0{CONTROL}'
+    readable = {
+        'v': 1,
+        'name': f'n{CONTROL}',
+        'kind': 'tool',
+        'fingerprint': f'{CONTROL}abcdef',
+        'payload': {'kind': 'tool_return', 'result': CONTROL},
+        't': 1_700_000_000.0,
+    }
+    unreadable = {**readable, 'kind': f'tool{CONTROL}', 'fingerprint': CONTROL}
+
+    async def write() -> None:
+        journal = DiskJournal(path)
+        await journal.open()
+        record = {'v': 1, 'key': key, 'runs': [run_key], 'attempts': 1, 'status': f'finished{CONTROL}'}
+        assert await journal.write_execution(key, record)
+        assert await journal.write_entry(key, run_key, 0, readable)
+        assert await journal.write_entry(key, run_key, 1, unreadable)
+        assert await journal.write_record(key, run_key, 'meta', {'v': 1, 'high_water': 2, 'note': CONTROL})
+        await journal.close()
+
+    run(write())
+    return key
+
+
+def _clean(text: str) -> None:
+    for char in ('\x1b', '\x07', '\x9b'):
+        assert char not in text, f'raw {char!r} in CLI output: {text!r}'
+
+
+def test_cli1_every_printed_field_is_escaped(journal_dir: Path) -> None:
+    key = _craft(journal_dir)
+    for args in (['list'], ['show', key], ['show', key + 'x'], ['delete', key + 'x']):
+        result = cli('--journal', str(journal_dir), *args)
+        assert result.returncode in (0, 1), result.stderr
+        _clean(result.stdout + result.stderr)
+    shown = cli('--journal', str(journal_dir), 'show', key).stdout
+    assert '\\x1b]0;pwned\\x07' in shown  # escaped, still readable: kind, fingerprint and run key
+    assert f'run 0{CONTROL}' not in shown and 'run 0\\x1b' in shown
+    deleted = cli('--journal', str(journal_dir), 'delete', key)
+    assert deleted.returncode == 0, deleted.stderr
+    _clean(deleted.stdout + deleted.stderr)
+
+
+def test_cli1_json_output_keeps_every_field_exact(journal_dir: Path) -> None:
+    key = _craft(journal_dir)
+    listed = cli('--journal', str(journal_dir), 'list', '--json')
+    shown = cli('--journal', str(journal_dir), 'show', key, '--json')
+    _clean(listed.stdout + shown.stdout)  # JSON escapes them as \u001b
+    assert [item['key'] for item in json.loads(listed.stdout)] == [key]
+    data = json.loads(shown.stdout)
+    [run_] = data['runs']
+    assert run_['run'] == f'0{CONTROL}'
+    assert [step['kind'] for step in run_['steps']] == ['tool', f'tool{CONTROL}']
+    assert run_['steps'][0]['fingerprint'] == f'{CONTROL}abcdef'
+    assert run_['records']['meta']['note'] == CONTROL
+
+
+def test_cli1_pruned_keys_are_escaped(journal_dir: Path) -> None:
+    _craft(journal_dir)
+    pruned = cli('--journal', str(journal_dir), 'prune', '--older-than', '0s')
+    assert pruned.returncode == 0, pruned.stderr
+    _clean(pruned.stdout + pruned.stderr)
+    assert 'key\\x1b' in pruned.stdout
