@@ -29,6 +29,7 @@ from ._errors import JournalUnavailable
 from ._journal import _latest_spend, _Meta, _parse_entry
 from .journals import _json
 from .journals._common import status_of
+from .journals._dsn import mask_dsn, scrub
 from .journals._protocol import Journal, RunSnapshot
 from .journals.disk import DiskJournal, default_directory
 
@@ -184,6 +185,11 @@ class _Target:
 
     journal: Journal
     label: str
+    dsn: str | None = None
+    """The PostgreSQL DSN, whose password must be scrubbed from every error text shown."""
+
+    def clean(self, text: str) -> str:
+        return scrub(text, self.dsn) if self.dsn is not None else text
 
 
 def _is_dsn(value: str) -> bool:
@@ -220,14 +226,14 @@ def _open_target(value: str | None, schema: str | None) -> _Target:
 
 def _postgres_target(dsn: str, schema: str | None) -> _Target:
     try:
-        from .journals.postgres import PostgresJournal, _safe_dsn
+        from .journals.postgres import PostgresJournal
 
         journal = PostgresJournal(dsn) if schema is None else PostgresJournal(dsn, schema=schema)
     except ImportError as exc:
         raise _Failure(_one_line(exc)) from None
     except ValueError as exc:
         raise _Failure(str(exc), EXIT_USAGE) from None
-    label = f'{_safe_dsn(dsn)!r} (schema {journal.schema!r})'
+    label = f'{mask_dsn(dsn)!r} (schema {journal.schema!r})'
     # PostgresJournal creates its schema on first use; looking first keeps a typo from creating one.
     try:
         import psycopg
@@ -238,10 +244,10 @@ def _postgres_target(dsn: str, schema: str | None) -> _Target:
         with psycopg.connect(make_conninfo(dsn, **timeout), autocommit=True) as conn:
             row = conn.execute('SELECT to_regclass(%s) IS NOT NULL', (f'{quoted}.executions',)).fetchone()
     except Exception as exc:
-        raise _Failure(f'cannot open the journal {label}: {_one_line(exc)}') from None
+        raise _Failure(f'cannot open the journal {label}: {scrub(_one_line(exc), dsn)}') from None
     if row is None or not row[0]:
         raise _Failure(f'no journal at {label}: the schema holds no journal tables')
-    return _Target(journal, label)
+    return _Target(journal, label, dsn)
 
 
 def _run(target: _Target, action: Callable[[Journal], Awaitable[_T]]) -> _T:
@@ -259,9 +265,9 @@ def _run(target: _Target, action: Callable[[Journal], Awaitable[_T]]) -> _T:
     except _Failure:
         raise
     except JournalUnavailable as exc:
-        raise _Failure(' '.join(str(exc).split())) from None
+        raise _Failure(target.clean(' '.join(str(exc).split()))) from None
     except Exception as exc:
-        raise _Failure(f'cannot read the journal {target.label}: {_one_line(exc)}') from None
+        raise _Failure(f'cannot read the journal {target.label}: {target.clean(_one_line(exc))}') from None
 
 
 # -- reading an execution --------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 from helpers import Calls, two_step_agent
 
-from pydantic_ai_durable import DiskJournal, JournalUnavailable, execution
+from pydantic_ai_durable import DiskJournal, JournalUnavailable, PostgresJournal, execution
 from pydantic_ai_durable.journals._common import execution_id
 
 _T = TypeVar('_T')
@@ -536,3 +536,110 @@ def test_cli1_pruned_keys_are_escaped(journal_dir: Path) -> None:
     assert pruned.returncode == 0, pruned.stderr
     _clean(pruned.stdout + pruned.stderr)
     assert 'key\\x1b' in pruned.stdout
+
+
+# -- 5. DSN masking: no piece of a password in any repr, log line or error ---------------------------
+
+SECRET_PIECES = ('s3cr', 'p4ss', 'w0rd')
+"""The parts of every test password between its `@`, `:` and `/`: none may ever be shown."""
+
+LEAKY_DSNS = [
+    'postgresql://u:s3cr@p4ss:w0rd@127.0.0.1:9/db',
+    'postgresql://u:s3cr@p4ss@w0rd@127.0.0.1:9/db',
+    'postgresql://u:s3cr:p4ss:w0rd@127.0.0.1:9/db',
+    'postgresql://u:s3cr/p4ss/w0rd@127.0.0.1:9/db',
+    'postgres://u:s3cr%40p4ss%2Fw0rd@127.0.0.1:9/db',
+    'postgresql://127.0.0.1:9/db?user=u&password=s3cr@p4ss/w0rd&sslmode=disable',
+    'postgresql://127.0.0.1:9/db?sslmode=disable&PassWord=s3cr&p4ss=w0rd',
+    "host=127.0.0.1 port=9 password='s3cr @p4ss:w0rd' dbname=db",
+    "host=127.0.0.1 port=9 password='s3cr \\' p4ss w0rd' dbname=db",
+    'host=127.0.0.1 port=9 password=s3cr\\ p4ss w0rd dbname=db',
+    'host=127.0.0.1 port=9 password = s3cr@p4ss:w0rd/ dbname=db',
+    "host=127.0.0.1 port=9 password='s3cr p4ss w0rd",
+]
+
+
+def _no_secret(text: str) -> None:
+    for piece in SECRET_PIECES:
+        assert piece not in text, f'{piece!r} leaked: {text!r}'
+
+
+@pytest.mark.parametrize('dsn', LEAKY_DSNS)
+def test_b8_repr_never_shows_a_password(dsn: str) -> None:
+    from pydantic_ai_durable.journals.postgres import _safe_dsn
+
+    _no_secret(repr(PostgresJournal(dsn)))
+    _no_secret(_safe_dsn(dsn))
+
+
+@pytest.mark.parametrize(
+    ('dsn', 'shown'),
+    [
+        (
+            'postgresql://u:pw@db.example:5432/app?sslmode=require',
+            'postgresql://u:***@db.example:5432/app?sslmode=require',
+        ),
+        ('postgresql://u@db.example/app', 'postgresql://u@db.example/app'),
+        ("host=db.example user=u password='a b' dbname=app", 'host=db.example user=u password=*** dbname=app'),
+        ('host=db.example dbname=app', 'host=db.example dbname=app'),
+    ],
+)
+def test_b8_masking_keeps_the_rest_of_the_dsn(dsn: str, shown: str) -> None:
+    from pydantic_ai_durable.journals.postgres import _safe_dsn
+
+    assert _safe_dsn(dsn) == shown
+
+
+@pytest.mark.parametrize('dsn', LEAKY_DSNS)
+async def test_b8_connection_errors_never_show_a_password(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    journal = PostgresJournal(dsn, connect_timeout=2)
+    with pytest.raises(JournalUnavailable) as opened:
+        await journal.open()
+    _no_secret(str(opened.value))
+    with pytest.raises(Exception) as read:  # what the core logs when a read fails mid-attempt
+        await journal.read_run(KEY, '0')
+    _no_secret(str(read.value))
+    _no_secret(repr(read.value))
+    with pytest.raises(JournalUnavailable) as leased:
+        await journal.acquire_lease(KEY, 'me', 30)
+    _no_secret(str(leased.value))
+    await journal.close()
+
+
+@pytest.mark.parametrize('dsn', LEAKY_DSNS)
+def test_b8_cli_errors_never_show_a_password(dsn: str) -> None:
+    result = cli('--journal', dsn, 'list')
+    assert result.returncode in (1, 2), result
+    _no_secret(result.stdout + result.stderr)
+
+
+def test_b8_a_password_with_at_colon_slash_works_and_stays_hidden(postgres_dsn: str) -> None:
+    """Against the real server (trust auth accepts any password): the journal works, nothing shows it."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(postgres_dsn)
+    password = "s3cr@p4ss:w0rd/ 'x"
+    keyword = (
+        f'host={params["host"]} port={params["port"]} user={params["user"]} dbname={params["dbname"]} '
+        f"password='{password.replace(chr(39), chr(92) + chr(39))}'"
+    )
+    schema = 'pad_security_' + os.urandom(4).hex()
+    journal = PostgresJournal(keyword, schema=schema)
+
+    async def use() -> None:
+        await journal.open()
+        assert await journal.write_execution(KEY, {'v': 1, 'runs': []})
+        await journal.close()
+
+    run(use())
+    _no_secret(repr(journal))
+    listed = cli('--journal', keyword, '--schema', schema, 'list')
+    assert listed.returncode == 0, listed.stderr
+    _no_secret(listed.stdout + listed.stderr)
+    missing = cli('--journal', keyword, '--schema', schema, 'show', 'nope')
+    assert missing.returncode == 1
+    assert 'password=***' in missing.stderr
+    _no_secret(missing.stdout + missing.stderr)
+    from pg import drop_schema
+
+    drop_schema(postgres_dsn, schema)
