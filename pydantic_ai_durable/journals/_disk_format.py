@@ -13,8 +13,8 @@ exactly what the journal writes and treats everything else as data that does not
   turn the column into a BLOB and make every journal written so far unreadable, since 0.1.0 wrote this
   very representation through diskcache's default `Disk`. A row in any other mode, with a side file or
   of another SQLite type reads as `BAD_VALUE`, which every decoder of the backend takes for a value
-  that does not decode: a miss the core reports once (B-3), never loaded. The first refusal of each
-  kind is logged, since a journal written by this package never holds such a row.
+  that does not decode: a miss the core reports once (B-3), never loaded. Keys and side files the
+  core never sees are reported here instead, once per kind, since this package never writes them.
 - A side file is deleted only when its name has diskcache's own shape and it is reached inside the
   directory without following a symbolic link; its emptied subdirectories go with it, nothing above.
 - Every setting is pinned by whoever opens the journal, `Settings` rows this version does not know
@@ -77,16 +77,18 @@ class JournalDisk(diskcache.Disk):  # type: ignore[misc]
         super().__init__(directory)
         self._reported: set[str] = set()
 
-    def _refuse(self, what: str) -> None:
+    def _refuse(self, what: str, level: int = logging.WARNING) -> None:
+        """Say once per kind why a row was refused: at `level`, DEBUG where the core reports the miss itself."""
         kind = what.split(' (', 1)[0]
         if kind in self._reported:
             return
         self._reported.add(kind)
-        log.warning(
+        log.log(
+            level,
             'The journal %r holds a row stored as %s. This version keeps every key and value as plain JSON '
-            'text inside cache.db and never loads anything else (a pickle could run code), so the row reads as '
-            'an entry that does not decode. pydantic-ai-durable never writes such a row: check who else can '
-            'write to this directory. Further rows of this kind are not reported.',
+            'text inside cache.db and never loads anything else (a pickle could run code), so the row is '
+            'ignored. pydantic-ai-durable never writes such a row: check who else can write to this '
+            'directory. Further rows of this kind are not reported.',
             self._directory,
             what,
         )
@@ -110,12 +112,13 @@ class JournalDisk(diskcache.Disk):  # type: ignore[misc]
     def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
         if mode == MODE_RAW and filename is None and not read and type(value) is str:
             return value
+        # The core reports the value that does not decode once (B-3); a second WARNING would be noise.
         if filename is not None:
-            self._refuse(f'a side file ({filename!r})')
+            self._refuse(f'a value in a side file ({filename!r})', logging.DEBUG)
         elif mode != MODE_RAW:
-            self._refuse(_MODES.get(mode, f'diskcache mode {mode!r}'))
+            self._refuse(_MODES.get(mode, f'diskcache mode {mode!r}'), logging.DEBUG)
         else:
-            self._refuse(f'a value of type {type(value).__name__}')
+            self._refuse(f'a value of type {type(value).__name__}', logging.DEBUG)
         return BAD_VALUE
 
     def filename(self, key: Any = _core.UNKNOWN, value: Any = _core.UNKNOWN) -> tuple[str, str]:
