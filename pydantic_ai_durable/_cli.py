@@ -29,6 +29,7 @@ from ._errors import JournalUnavailable
 from ._journal import _latest_spend, _Meta, _parse_entry
 from .journals import _json
 from .journals._common import delete_under_lease, status_of
+from .journals._dsn import mask_dsn, scrub
 from .journals._protocol import Journal, RunSnapshot
 from .journals.disk import DiskJournal, default_directory
 
@@ -48,6 +49,7 @@ _DSN_KEYWORDS = re.compile(r'^\s*[A-Za-z_]+\s*=')
 _KEY_WIDTH = 40
 _NAME_WIDTH = 60
 _FINGERPRINT_PREFIX = 12
+_KIND_WIDTH = 20
 _UNITS = {'s': 1, 'm': 60, 'h': 3600, 'd': 86400, 'w': 604800}
 _DURATION = re.compile(r'(?:\d+(?:\.\d+)?[smhdw])+')
 _DURATION_PART = re.compile(r'(\d+(?:\.\d+)?)([smhdw])')
@@ -183,6 +185,11 @@ class _Target:
 
     journal: Journal
     label: str
+    dsn: str | None = None
+    """The PostgreSQL DSN, whose password must be scrubbed from every error text shown."""
+
+    def clean(self, text: str) -> str:
+        return scrub(text, self.dsn) if self.dsn is not None else text
 
 
 def _is_dsn(value: str) -> bool:
@@ -219,14 +226,14 @@ def _open_target(value: str | None, schema: str | None) -> _Target:
 
 def _postgres_target(dsn: str, schema: str | None) -> _Target:
     try:
-        from .journals.postgres import PostgresJournal, _safe_dsn
+        from .journals.postgres import PostgresJournal
 
         journal = PostgresJournal(dsn) if schema is None else PostgresJournal(dsn, schema=schema)
     except ImportError as exc:
         raise _Failure(_one_line(exc)) from None
     except ValueError as exc:
         raise _Failure(str(exc), EXIT_USAGE) from None
-    label = f'{_safe_dsn(dsn)!r} (schema {journal.schema!r})'
+    label = f'{mask_dsn(dsn)!r} (schema {journal.schema!r})'
     # PostgresJournal creates its schema on first use; looking first keeps a typo from creating one.
     try:
         import psycopg
@@ -237,10 +244,10 @@ def _postgres_target(dsn: str, schema: str | None) -> _Target:
         with psycopg.connect(make_conninfo(dsn, **timeout), autocommit=True) as conn:
             row = conn.execute('SELECT to_regclass(%s) IS NOT NULL', (f'{quoted}.executions',)).fetchone()
     except Exception as exc:
-        raise _Failure(f'cannot open the journal {label}: {_one_line(exc)}') from None
+        raise _Failure(f'cannot open the journal {label}: {scrub(_one_line(exc), dsn)}') from None
     if row is None or not row[0]:
         raise _Failure(f'no journal at {label}: the schema holds no journal tables')
-    return _Target(journal, label)
+    return _Target(journal, label, dsn)
 
 
 def _run(target: _Target, action: Callable[[Journal], Awaitable[_T]]) -> _T:
@@ -258,9 +265,9 @@ def _run(target: _Target, action: Callable[[Journal], Awaitable[_T]]) -> _T:
     except _Failure:
         raise
     except JournalUnavailable as exc:
-        raise _Failure(' '.join(str(exc).split())) from None
+        raise _Failure(target.clean(' '.join(str(exc).split()))) from None
     except Exception as exc:
-        raise _Failure(f'cannot read the journal {target.label}: {_one_line(exc)}') from None
+        raise _Failure(f'cannot read the journal {target.label}: {target.clean(_one_line(exc))}') from None
 
 
 # -- reading an execution --------------------------------------------------------------------------
@@ -303,7 +310,11 @@ def _not_found(key: str, target: _Target) -> _Failure:
 
 
 def _escape(text: str) -> str:
-    """`text` with every non-printable character escaped, so a key cannot break a table's lines."""
+    """`text` with every non-printable character escaped (`\\x1b`, `\\u202e`, `\\n`).
+
+    Everything printed for a person comes from a journal someone else may have written: a raw ESC or
+    BEL could retitle or clear the operator's terminal, a newline or a bidi override could forge lines.
+    """
     out: list[str] = []
     for char in text:
         if char.isprintable():
@@ -390,6 +401,15 @@ def _utc(epoch: float | None) -> str | None:
     return moment.isoformat(timespec='milliseconds').replace('+00:00', 'Z')
 
 
+def _print_lines(lines: Sequence[str]) -> None:
+    """Print lines for a person; each is escaped once more, so no field can reach the terminal raw.
+
+    Fields are escaped where they are rendered, so that tables line up; this is the guarantee that a
+    field someone forgets to escape still cannot send a control sequence to the operator's terminal.
+    """
+    print('\n'.join(_escape(line) for line in lines))
+
+
 def _print_json(value: object) -> None:
     # ASCII-only JSON parses the same whatever the terminal's encoding, lone surrogates in keys included.
     print(json.dumps(value, indent=2, ensure_ascii=True))
@@ -421,12 +441,12 @@ def _list(target: _Target, as_json: bool) -> int:
         )
         return EXIT_OK
     if not infos:
-        print(f'no executions in {target.label}')
+        _print_lines([f'no executions in {target.label}'])
         return EXIT_OK
     rows = [
         [
             _cell(info.key, _KEY_WIDTH),
-            info.status,
+            _cell(info.status, _KIND_WIDTH),
             str(info.runs),
             str(info.steps),
             _size(info.bytes),
@@ -434,7 +454,7 @@ def _list(target: _Target, as_json: bool) -> int:
         ]
         for info in infos
     ]
-    print('\n'.join(_table(['KEY', 'STATUS', 'RUNS', 'STEPS', 'SIZE', 'LAST UPDATE'], rows, right={2, 3, 4})))
+    _print_lines(_table(['KEY', 'STATUS', 'RUNS', 'STEPS', 'SIZE', 'LAST UPDATE'], rows, right={2, 3, 4}))
     return EXIT_OK
 
 
@@ -522,9 +542,9 @@ def _step_rows(snapshot: RunSnapshot) -> list[list[str]]:
         rows.append(
             [
                 str(step.position),
-                str(fields['kind']) if isinstance(fields['kind'], str) else '?',
+                _cell(fields['kind'], _KIND_WIDTH) if isinstance(fields['kind'], str) else '?',
                 _cell(name if fields['readable'] else f'{name} (unreadable: runs live)', _NAME_WIDTH),
-                fingerprint[:_FINGERPRINT_PREFIX] if isinstance(fingerprint, str) else '-',
+                _escape(fingerprint[:_FINGERPRINT_PREFIX]) if isinstance(fingerprint, str) else '-',
                 _size(fields['payload_bytes']) if fields['payload_bytes'] is not None else '-',
                 _local(fields['recorded_epoch'], millis=True),
             ]
@@ -564,14 +584,14 @@ def _show(target: _Target, key: str, as_json: bool) -> int:
     steps = sum(len(snapshot.entries) for _, snapshot in found.runs)
     lines = [
         f'execution  {_cell(found.key, 100)}',
-        f'status     {found.status}' + (f', {_plural(attempts, "attempt")}' if attempts is not None else ''),
+        f'status     {_escape(found.status)}' + (f', {_plural(attempts, "attempt")}' if attempts is not None else ''),
         f'updated    {_local(updated)}',
         f'recorded   {_plural(len(found.runs), "run")}, {_plural(steps, "step")}',
     ]
     if found.record is None:
         lines.append('           (no execution record: its runs cannot be listed)')
     for run, snapshot in found.runs:
-        lines += ['', f'run {run}']
+        lines += ['', f'run {_cell(run, 100)}']
         rows = _step_rows(snapshot)
         if rows:
             headers = ['POS', 'KIND', 'NAME', 'FINGERPRINT', 'PAYLOAD', 'RECORDED']
@@ -581,7 +601,7 @@ def _show(target: _Target, key: str, as_json: bool) -> int:
         for extra in (_meta_line(snapshot), _spend_line(snapshot)):
             if extra is not None:
                 lines.append(f'  {extra}')
-    print('\n'.join(lines))
+    _print_lines(lines)
     return EXIT_OK
 
 
@@ -612,9 +632,11 @@ def _delete(target: _Target, key: str, *, force: bool, as_json: bool) -> int:
     if as_json:
         _print_json({'deleted': found.key, 'status': found.status, 'runs': len(found.runs), 'steps': steps})
     else:
-        print(
-            f'deleted execution {_quote(found.key)} ({found.status}, '
-            f'{_plural(len(found.runs), "run")}, {_plural(steps, "step")}) from {target.label}'
+        _print_lines(
+            [
+                f'deleted execution {_quote(found.key)} ({_escape(found.status)}, '
+                f'{_plural(len(found.runs), "run")}, {_plural(steps, "step")}) from {target.label}'
+            ]
         )
     return EXIT_OK
 
@@ -630,11 +652,14 @@ def _prune(target: _Target, older_than: _Duration, as_json: bool) -> int:
     if as_json:
         _print_json(pruned)
     elif not pruned:
-        print(f'nothing to prune: every execution in {target.label} was updated within {text}')
+        _print_lines([f'nothing to prune: every execution in {target.label} was updated within {text}'])
     else:
-        print(f'pruned {_plural(len(pruned), "execution")} not updated for {text}:')
-        for key in pruned:
-            print(f'  {_cell(key, 100)}')
+        _print_lines(
+            [
+                f'pruned {_plural(len(pruned), "execution")} not updated for {text}:',
+                *(f'  {_cell(k, 100)}' for k in pruned),
+            ]
+        )
     return EXIT_OK
 
 
@@ -660,9 +685,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
             return _delete(target, options.key, force=options.force, as_json=options.json)
         return _prune(target, options.older_than, options.json)
     except _Failure as failure:
+        message = _escape(' '.join(str(failure).splitlines()))
         if failure.code == EXIT_USAGE:
-            parser.error(str(failure))
-        print(f'{parser.prog}: {" ".join(str(failure).splitlines())}', file=sys.stderr)
+            parser.error(message)
+        print(f'{parser.prog}: {message}', file=sys.stderr)
         return failure.code
     except KeyboardInterrupt:
         print(f'{parser.prog}: interrupted', file=sys.stderr)

@@ -19,6 +19,8 @@ import diskcache  # type: ignore[import-untyped]
 from .._errors import JournalUnavailable, LeaseLost
 from . import _json
 from ._common import execution_id, status_of
+from ._disk_format import JournalCache
+from ._files import DEFAULT_MODE, check_mode, make_directory, open_file
 from ._holder import boot_id, is_proper, local_clock, ours_and_ended
 from ._protocol import ExecutionInfo, Lease, RunSnapshot
 
@@ -73,25 +75,8 @@ class _Held:
         return Lease(self.holder, self.expires_at, self.epoch)
 
 
-class _Cache(diskcache.Cache):  # type: ignore[misc]
-    """A diskcache whose every SQLite connection runs at this journal's `synchronous` level.
-
-    diskcache sets the pragmas of each new connection (one per thread and per process) from its
-    `Settings` table, which the last `Cache` opened on the directory rewrites. Without pinning, a
-    `durability="power"` journal's next connection (the lease renewer's thread, a forked worker)
-    silently ran with `synchronous=NORMAL` once any `durability="process"` journal, another process
-    or the CLI had opened the same directory.
-    """
-
-    def __init__(self, directory: str, *, synchronous: int, **settings: Any) -> None:
-        self._synchronous = synchronous
-        super().__init__(directory, sqlite_synchronous=synchronous, **settings)
-
-    def reset(self, key: str, value: Any = diskcache.core.ENOVAL, update: bool = True) -> Any:
-        # Every connection applies its pragmas through here, from whatever `Settings` holds now.
-        if key == 'sqlite_synchronous' and value is not diskcache.core.ENOVAL:
-            value = self._synchronous
-        return super().reset(key, value, update)
+class _Cache(JournalCache):
+    """The journal's diskcache: settings pinned, JSON text rows only, files made private (see `_disk_format`)."""
 
 
 def _sync_directory(path: Path) -> None:
@@ -126,13 +111,26 @@ class DiskJournal:
     loss, at the cost of an fsync per step. Entries never expire and are never evicted; only
     cleanup, `delete` and `prune` remove them. One host only: leases are timed by this host's boot
     clock, and SQLite over a network file system is not safe for several hosts.
+
+    The directory and its files are created private to their owner (`mode=0o600`: files `0o600`,
+    directories `0o700`, whatever the umask). To share a journal with a group on purpose, pass
+    `mode=0o660` (directories `0o770`). Rows are read as JSON text only: nothing stored in the
+    directory is ever unpickled or followed outside it.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, durability: Durability = 'process') -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        durability: Durability = 'process',
+        mode: int = DEFAULT_MODE,
+    ) -> None:
         if durability not in ('process', 'power'):
             raise ValueError(f"DiskJournal durability must be 'process' or 'power', not {durability!r}.")
         self.path = Path(path) if path is not None else default_directory()
         self.durability: Durability = durability
+        self.mode = check_mode(mode)
+        """Permission bits of the files the journal creates; its directories get the matching `0o7xx`."""
         self._cache: Any = None
         self._tops: dict[tuple[str, str], int] = {}
         """Per (execution, run): positions below this are covered by the stored head, as of the run's start."""
@@ -145,7 +143,8 @@ class DiskJournal:
         self._locks_guard = threading.Lock()
 
     def __repr__(self) -> str:
-        return f'DiskJournal({str(self.path)!r}, durability={self.durability!r})'
+        shared = f', mode={self.mode:#o}' if self.mode != DEFAULT_MODE else ''
+        return f'DiskJournal({str(self.path)!r}, durability={self.durability!r}{shared})'
 
     @property
     def store_identity(self) -> object:
@@ -160,6 +159,7 @@ class DiskJournal:
             cache = _Cache(
                 str(self.path),
                 synchronous=_SYNCHRONOUS[self.durability],
+                file_mode=self.mode,
                 eviction_policy='none',
                 cull_limit=0,  # nothing expires or is evicted, so skip diskcache's expiry query on every write
                 disk_min_file_size=_INLINE,
@@ -184,10 +184,14 @@ class DiskJournal:
         )
 
     def _refuse_truncated_database(self) -> None:
-        """A zero-length database is never a journal: SQLite would silently start an empty one over it (JF-4)."""
+        """A zero-length database where a journal was is a lost one: SQLite would start an empty one over it (JF-4).
+
+        Without the id file beside it, an empty database is a creation that was interrupted (the file is
+        made with its mode first, then initialised), so it is simply created.
+        """
         database = self.path / diskcache.core.DBNAME
         with contextlib.suppress(OSError):
-            if database.is_file() and database.stat().st_size == 0:
+            if database.is_file() and database.stat().st_size == 0 and (self.path / _MARKER).exists():
                 raise self._lost_store(f'its database {str(database)!r} is empty (zero bytes; truncated?)')
 
     def _check_identity(self, cache: Any) -> None:
@@ -216,7 +220,11 @@ class DiskJournal:
         if recorded is None and isinstance(stored, str):
             temporary = marker.with_name(f'{_MARKER}.{os.getpid()}.tmp')
             with contextlib.suppress(OSError):  # a directory we may not write is refused by the probe
-                temporary.write_text(stored + '\n', encoding='ascii')
+                fd = open_file(temporary, self.mode, os.O_WRONLY | os.O_TRUNC)
+                try:
+                    os.write(fd, (stored + '\n').encode('ascii'))
+                finally:
+                    os.close(fd)
                 os.replace(temporary, marker)
 
     async def open(self) -> None:
@@ -533,8 +541,8 @@ class DiskJournal:
         if fcntl is None or holder in self._locks:
             return
         path = self._lock_path(holder)
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o600)
+        make_directory(path.parent, self.mode)
+        fd = open_file(path, self.mode)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BaseException:
@@ -560,7 +568,7 @@ class DiskJournal:
             return False  # nothing can be proved: wait for the lease to expire
         path = self._lock_path(holder)
         try:
-            fd = os.open(path, os.O_RDWR | getattr(os, 'O_CLOEXEC', 0))
+            fd = os.open(path, os.O_RDWR | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0))
         except OSError:
             return False  # no lock file (removed by hand, another release): in doubt, wait
         try:

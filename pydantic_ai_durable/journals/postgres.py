@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
 import threading
 import uuid
 import weakref
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._errors import JournalUnavailable, LeaseLost
 from . import _json
 from ._common import execution_id, status_of
+from ._dsn import mask_dsn, scrub
 from ._holder import ours_and_ended
 from ._protocol import ExecutionInfo, Lease, RunSnapshot
 
@@ -287,13 +287,21 @@ class PostgresJournal:
         import psycopg
         from psycopg.conninfo import conninfo_to_dict
 
-        params = conninfo_to_dict(self.dsn)
-        extra: dict[str, Any] = {}
-        if 'connect_timeout' not in params:
-            extra['connect_timeout'] = max(1, round(self.connect_timeout))
-        if 'application_name' not in params:
-            extra['application_name'] = 'pydantic-ai-durable'
-        conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, **extra)
+        try:
+            params = conninfo_to_dict(self.dsn)
+            extra: dict[str, Any] = {}
+            if 'connect_timeout' not in params:
+                extra['connect_timeout'] = max(1, round(self.connect_timeout))
+            if 'application_name' not in params:
+                extra['application_name'] = 'pydantic-ai-durable'
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, **extra)
+        except Exception as exc:
+            # libpq's messages echo pieces of the DSN as it parsed it (a password cut at an `@` becomes
+            # a host name); whoever logs or shows this error must not see them.
+            clean = _without_password(exc, self.dsn)
+            if clean is exc:
+                raise
+            raise clean from None
         try:
             if not self._ready:
                 await self._ensure_schema(conn)
@@ -401,7 +409,8 @@ class PostgresJournal:
             raise
         except Exception as exc:
             raise JournalUnavailable(
-                f'The Postgres journal {self!r} cannot be opened ({type(exc).__name__}: {_one_line(exc)}). '
+                f'The Postgres journal {self!r} cannot be opened '
+                f'({type(exc).__name__}: {scrub(_one_line(exc), self.dsn)}). '
                 'Check the DSN, that the server is running and accepts connections, and that the user may '
                 'create and write tables in the schema; no model was called.'
             ) from exc
@@ -618,7 +627,7 @@ class PostgresJournal:
         except Exception as exc:
             raise JournalUnavailable(
                 f'The Postgres journal {self!r} could not take the lease on execution {key!r} '
-                f'({type(exc).__name__}: {_one_line(exc)}); no model was called.'
+                f'({type(exc).__name__}: {scrub(_one_line(exc), self.dsn)}); no model was called.'
             ) from exc
 
     async def _session_alive(self, conn: AsyncConnection[Any], eid: str, holder: str) -> bool:
@@ -661,20 +670,20 @@ async def _close_quietly(conn: AsyncConnection[Any]) -> None:
         return
 
 
-_PASSWORD_IN_URL = re.compile(r'(://[^:/@]*:)[^@]*@')
-
-
 def _safe_dsn(dsn: str) -> str:
-    """The DSN without its password, for messages and reprs."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    """The DSN without anything that could be part of its password, for messages and reprs (see `_dsn`)."""
+    return mask_dsn(dsn)
 
-        params = conninfo_to_dict(dsn)
+
+def _without_password(exc: Exception, dsn: str) -> Exception:
+    """`exc`, or an exception of the same type whose message has no piece of the password in `dsn`."""
+    text = str(exc)
+    clean = scrub(text, dsn)
+    if clean == text:
+        return exc
+    try:
+        return type(exc)(clean)
     except Exception:
-        return _PASSWORD_IN_URL.sub(r'\1***@', dsn) if '://' in dsn else '<unparsable DSN>'
-    if 'password' not in params:
-        return dsn
-    if '://' in dsn and '?' not in dsn:
-        return _PASSWORD_IN_URL.sub(r'\1***@', dsn)
-    params['password'] = '***'
-    return make_conninfo('', **params)
+        import psycopg
+
+        return psycopg.OperationalError(clean)

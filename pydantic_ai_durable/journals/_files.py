@@ -1,0 +1,108 @@
+"""Files and directories of a journal, created with the journal's own permissions whatever the umask.
+
+A journal holds prompts, model answers and tool results, so under the usual umask 022 it must not come
+out world-readable. The mode is given as the files' mode (`0o600` by default); directories get the
+same bits plus the search bit wherever the file mode grants read or write, so `0o660` means a group
+share with `0o770` directories. Modes are applied when a path is created and never to one that
+exists: a journal someone shared on purpose is not tightened behind their back.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+__all__ = ('DEFAULT_MODE', 'check_mode', 'directory_mode', 'looser_than', 'make_directory', 'open_file')
+
+DEFAULT_MODE = 0o600
+"""Files only their owner can read and write, in directories only the owner can enter (`0o700`)."""
+
+_NOFOLLOW = getattr(os, 'O_NOFOLLOW', 0)
+
+
+def check_mode(mode: object) -> int:
+    """`mode` if it is a file mode a journal can work with; a `ValueError` or `TypeError` saying why not."""
+    if type(mode) is not int:
+        raise TypeError(f'DiskJournal mode must be an int such as 0o600 or 0o660, not {mode!r}.')
+    if not 0 <= mode <= 0o777:
+        raise ValueError(f'DiskJournal mode must be permission bits between 0o000 and 0o777, not {mode:#o}.')
+    if mode & 0o600 != 0o600:
+        raise ValueError(f'DiskJournal mode must let its owner read and write (0o600 at least), not {mode:#o}.')
+    return mode
+
+
+def directory_mode(file_mode: int) -> int:
+    """The mode of a directory holding files of `file_mode`: read or write access implies search (x)."""
+    bits = file_mode & 0o777
+    for shift in (6, 3, 0):
+        if bits >> shift & 0o6:
+            bits |= 0o1 << shift
+    return bits
+
+
+def make_directory(path: Path, file_mode: int = DEFAULT_MODE) -> None:
+    """Create `path` and any missing parent with `directory_mode(file_mode)` exactly; existing ones stay as they are.
+
+    Each level is made by `mkdir` (the umask can only take bits away, so nothing is ever more open than
+    asked, even for an instant) and then set to the exact mode, in case the umask took away some that
+    were asked for.
+    """
+    wanted = directory_mode(file_mode)
+    missing: list[Path] = []
+    level = path
+    while not level.is_dir():
+        missing.append(level)
+        if level.parent == level:
+            break
+        level = level.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, wanted)
+        except FileExistsError:
+            if directory.is_dir():
+                continue  # another process made it first; its mode is its creator's choice
+            raise
+        os.chmod(directory, wanted)
+
+
+def open_file(path: Path, file_mode: int = DEFAULT_MODE, flags: int = os.O_RDWR) -> int:
+    """A file descriptor on the regular file `path`, created with exactly `file_mode` if it is missing.
+
+    A symbolic link is refused (`OSError`) instead of followed, so nobody who can write the directory can
+    point a journal file at another of the user's files. An existing file keeps its mode.
+    """
+    if os.path.islink(path):  # O_NOFOLLOW below closes the race; this check gives the clear message
+        raise OSError(errno.ELOOP, 'a journal file must not be a symbolic link', str(path))
+    base = flags & ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC)
+    try:
+        fd = os.open(path, base | os.O_CREAT | os.O_EXCL | _NOFOLLOW, file_mode)
+    except FileExistsError:
+        fd = os.open(path, base | _NOFOLLOW)
+    else:
+        try:  # the umask may have taken away bits that were asked for
+            if hasattr(os, 'fchmod'):
+                os.fchmod(fd, file_mode)
+            else:  # pragma: no cover - Windows before Python 3.13
+                os.chmod(path, file_mode)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f'{str(path)!r} is not a regular file')
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def looser_than(path: Path, file_mode: int) -> int | None:
+    """The permission bits of `path` if they grant anyone more than `file_mode` does, else `None` (also if absent)."""
+    try:
+        bits = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+    return bits if bits & ~file_mode & 0o777 else None
