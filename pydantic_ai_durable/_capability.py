@@ -42,9 +42,10 @@ __all__ = ('Durable',)
 log = logging.getLogger('pydantic_ai_durable')
 
 
-def _not_journalable(error: Exception) -> BaseException:
+def _not_journalable(error: Exception, value: object = None) -> BaseException:
+    reason = why_not_journalable(error, value) if value is not None else why_not_journalable(error)
     return ResultNotJournalable(
-        f'A result is not JSON-serializable, so it cannot be journaled: {why_not_journalable(error)}. This error '
+        f'A result is not JSON-serializable, so it cannot be journaled: {reason}. This error '
         'is not retryable: return JSON-compatible data (dicts, lists, strings, numbers, pydantic models, '
         'dataclasses) instead.',
         step=current_step(),
@@ -253,7 +254,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         try:
             encoded = super()._encode(tp, value)
         except (ValueError, RecursionError) as exc:
-            raise _not_journalable(exc) from exc
+            raise _not_journalable(exc, value) from exc
         if tp is CallToolResult and not _json.encodable(encoded):
             raise _not_journalable(ValueError('it cannot be written as JSON text (an integer over 4300 digits?)'))
         live = LIVE_RESULTS.get()

@@ -147,18 +147,60 @@ _MAX_DEPTH = 254
 """How deeply pydantic's serializer (the journal's encoder) lets values nest."""
 
 
-def why_not_journalable(error: BaseException) -> str:
+_UNSEEN = object()
+
+
+def why_not_journalable(error: BaseException, value: object = _UNSEEN) -> str:
     """The encoder's complaint in words a user can act on (JF-6).
 
-    pydantic reports a value nested too deeply as a "circular reference (depth exceeded)", which sends
-    users hunting for a cycle that is not there.
+    pydantic reports a value nested too deeply sometimes as "maximum depth exceeded" and sometimes as
+    a "circular reference (id repeated)", which sends users hunting for a cycle that is not there; so
+    when the value is at hand its shape decides which it is.
     """
     text = str(error)
+    shape = _shape_problem(value) if value is not _UNSEEN else None
+    if shape is not None:
+        return shape
     if isinstance(error, RecursionError) or 'depth exceeded' in text:
-        return f'it is nested more than {_MAX_DEPTH} levels deep, deeper than the journal encoder allows; flatten it'
+        return _TOO_DEEP
     if 'id repeated' in text:
-        return 'it contains itself (a circular reference)'
+        return _CIRCULAR
     return text
+
+
+_TOO_DEEP = f'it is nested more than {_MAX_DEPTH} levels deep, deeper than the journal encoder allows; flatten it'
+_CIRCULAR = 'it contains itself (a circular reference)'
+
+
+def _children(node: object) -> list[object]:
+    if isinstance(node, dict):
+        return [*node.keys(), *node.values()]
+    if isinstance(node, (list, tuple, set, frozenset)):
+        return list(node)
+    fields = getattr(node, '__dict__', None)
+    return list(fields.values()) if isinstance(fields, dict) else []
+
+
+def _shape_problem(value: object) -> str | None:
+    """`_CIRCULAR` or `_TOO_DEEP` when the value's own structure is what the encoder refuses, else `None`."""
+    stack: list[tuple[object, int, bool]] = [(value, 0, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, depth, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(node))
+            continue
+        children = _children(node)
+        if not children:
+            continue
+        if id(node) in on_path:
+            return _CIRCULAR
+        if depth >= _MAX_DEPTH:
+            return _TOO_DEEP
+        on_path.add(id(node))
+        stack.append((node, depth, True))
+        stack.extend((child, depth + 1, False) for child in children)
+    return None
 
 
 def _message_of(exc: ModelRetry | ToolFailed) -> str:
@@ -181,7 +223,7 @@ def _to_json_data(value: object, *, tool_name: str | None, what: str) -> Any:
         type_name = type(value).__qualname__ if module == 'builtins' else f'{module}.{type(value).__qualname__}'
         raise ResultNotJournalable(
             f'{who} {what} a value of type {type_name} that is not '
-            f'JSON-serializable ({why_not_journalable(exc)}), so its outcome cannot be journaled. This is not '
+            f'JSON-serializable ({why_not_journalable(exc, value)}), so its outcome cannot be journaled. This is not '
             'retryable: the same value fails on every attempt. Make the tool return JSON-compatible data (str, '
             'numbers, lists, dicts, pydantic models, dataclasses, UTF-8 bytes) or convert the value before '
             'returning it.',

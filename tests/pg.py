@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-__all__ = ['drop_schema', 'fresh_schema', 'in_ci', 'postgres_dsn', 'put_raw', 'server_dsn']
+__all__ = ['crashable_server', 'drop_schema', 'fresh_schema', 'in_ci', 'postgres_dsn', 'put_raw', 'server_dsn']
 
 DSN_VARIABLE = 'PYDANTIC_AI_DURABLE_PG_DSN'
 HOW_TO_ENABLE = (
@@ -87,6 +87,8 @@ class _Server:
         self.port = _free_port()
         self.as_postgres = hasattr(os, 'geteuid') and os.geteuid() == 0
         self.started = False
+        self.options = ''
+        self.dsn = ''
 
     def _command(self, *args: str) -> list[str]:
         command = [str(self.binaries / args[0]), *args[1:]]
@@ -103,25 +105,37 @@ class _Server:
                 f'{(result.stderr or result.stdout).strip()[-2000:]}\n{log}'
             )
 
-    def start(self) -> str:
+    def start(self, *, crashable: bool = False) -> str:
+        """Start the server; `crashable` keeps every commit safe from `crash()` (a kill of the server's processes)."""
         if self.as_postgres:
             shutil.chown(self.root, 'postgres', 'postgres')
         self._run('initdb', '-D', str(self.data), '-U', 'postgres', '-A', 'trust', '-E', 'UTF8', '--locale=C', '-N')
-        options = ' '.join(
+        self.options = ' '.join(
             [
                 f'-p {self.port}',
                 f'-k {self.root}',
                 '-c listen_addresses=127.0.0.1',
                 '-c max_connections=300',
-                # Only the client processes are killed in tests, never the server: skip the fsyncs.
+                # The machine itself never crashes in tests: skip the fsyncs. A commit still reaches the
+                # kernel before it is acknowledged unless synchronous_commit is off, which only a server
+                # that is never killed may have.
                 '-c fsync=off',
-                '-c synchronous_commit=off',
+                f'-c synchronous_commit={"on" if crashable else "off"}',
                 '-c full_page_writes=off',
             ]
         )
-        self._run('pg_ctl', '-D', str(self.data), '-l', str(self.log), '-o', options, '-w', '-t', '60', 'start')
-        self.started = True
+        self.resume()
         return f'host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=10'
+
+    def resume(self) -> None:
+        """Start the server (again) on its data directory."""
+        self._run('pg_ctl', '-D', str(self.data), '-l', str(self.log), '-o', self.options, '-w', '-t', '60', 'start')
+        self.started = True
+
+    def crash(self) -> None:
+        """Stop the server at once, as a crash would (`pg_ctl stop -m immediate`): clients see their connections die."""
+        self._run('pg_ctl', '-D', str(self.data), '-m', 'immediate', '-w', 'stop', timeout=60)
+        self.started = False
 
     def stop(self) -> None:
         if self.started:
@@ -232,3 +246,17 @@ def postgres_dsn() -> Iterator[str]:
     """The DSN of a real PostgreSQL server for this session (skipped, or failed in CI, without one)."""
     yield server_dsn()
     _shutdown()
+
+
+@contextlib.contextmanager
+def crashable_server() -> Iterator[_Server]:
+    """A PostgreSQL server of the test's own, to crash and restart (JF-rules); skips (fails in CI) without binaries."""
+    binaries = _find_binaries()
+    if binaries is None:
+        _unavailable('No PostgreSQL server binaries (initdb, pg_ctl) were found.')
+    server = _Server(binaries)
+    try:
+        server.dsn = server.start(crashable=True)
+        yield server
+    finally:
+        server.stop()
