@@ -236,7 +236,9 @@ class Run:
     key. Claims are synchronous so parallel steps take positions in start order (P-2).
     """
 
-    def __init__(self, attempt: Attempt, state: _JournalState, key: str, snapshot: RunSnapshot) -> None:
+    def __init__(
+        self, attempt: Attempt, state: _JournalState, key: str, snapshot: RunSnapshot, *, start: str | None = None
+    ) -> None:
         self.attempt = attempt
         self.state = state
         self.journal = state.journal
@@ -265,7 +267,9 @@ class Run:
         """The newest spend snapshot any attempt wrote for this run, from its usage record or an entry (U2-1)."""
         self.next_position = 0
         self.diverged = False
-        self._previous_replayed = True  # M-5: the first claim counts as preceded by a replay
+        self.start = start
+        """Fingerprint of what the run was started with (prompt, history); recorded with its first step."""
+        self._previous_replayed = self._started_alike()  # M-5 (amended): the start is the first verified step
         self._tried_max = -1
         self._saved: set[int] = set()
         self._error_notes: dict[int, tuple[BaseException, int]] = {}
@@ -454,13 +458,28 @@ class Run:
         return bool(saved)
 
     def _entry(self, step: Step) -> dict[str, Any]:
-        return {
+        entry: dict[str, Any] = {
             'v': ENTRY_VERSION,
             'name': step.name,
             'kind': step.kind,
             'fingerprint': step.fingerprint,
             't': time.time(),  # when it was recorded, for inspection (CLI-1)
         }
+        if step.position == 0 and self.start is not None:
+            entry['start'] = self.start
+        return entry
+
+    def _started_alike(self) -> bool:
+        """Whether this run was started as the attempt that recorded its first step was (M-5).
+
+        An unfingerprinted first step has nothing verified before it but the run's start: it may
+        replay only when both attempts started the run with the same input. Without a start
+        fingerprint (a caller that has none) the first claim counts as preceded by a replay.
+        """
+        if self.start is None:
+            return True
+        first = self._entries.get(0)
+        return first is not None and first.get('start') == self.start
 
     async def fence(self, step: Step, error: BaseException) -> None:
         """Record that `step` ran but its result cannot be journaled, so a retry stops there (JF-5).
@@ -831,8 +850,11 @@ class Attempt:
         self._top_runs += 1
         return key
 
-    async def start_run(self, journal: Journal) -> Run:
-        """Number a new run (synchronously, in start order) and read what earlier attempts recorded for it."""
+    async def start_run(self, journal: Journal, *, start: str | None = None) -> Run:
+        """Number a new run (synchronously, in start order) and read what earlier attempts recorded for it.
+
+        `start` fingerprints what the run is started with; see `Run._started_alike`.
+        """
         run_key = self._next_run_key(journal)
         state = await self.open(journal)
         self.check(state)
@@ -842,7 +864,7 @@ class Attempt:
         snapshot = await self._load(
             state.journal, f'the entries of run {run_key}', lambda: state.journal.read_run(self.key, run_key)
         )
-        run = Run(self, state, run_key, snapshot)
+        run = Run(self, state, run_key, snapshot, start=start)
         self.runs.append(run)
         return run
 

@@ -243,6 +243,27 @@ async def test_m5_b18_unfingerprinted_first_step_replays(backend_journal: Journa
     assert attempt.stats.replayed == Counter(other=1)
 
 
+@pytest.mark.parametrize(('recorded_start', 'start', 'replays'), [('in-A', 'in-A', True), ('in-A', 'in-B', False)])
+async def test_m5_unfingerprinted_first_step_replays_only_for_a_run_started_alike(
+    backend_journal: Journal, recorded_start: str, start: str, replays: bool
+) -> None:
+    j = backend_journal
+    first = make_attempt(j)
+    run = await first.start_run(j, start=recorded_start)
+    await run.claim('agent__model.request', 'model', None).record('the answer to prompt A')
+    await run.claim('agent__function_toolset__t.call_tool:t', 'tool', 'ft').record('tool result')
+    await first.finish(None)
+
+    second = make_attempt(j)
+    run = await second.start_run(j, start=start)  # started with another prompt: nothing verified before step 0
+    model = run.claim('agent__model.request', 'model', None)
+    tool = run.claim('agent__function_toolset__t.call_tool:t', 'tool', 'ft')
+    await second.finish(None)
+    assert model.replayed is replays
+    assert tool.replayed  # a fingerprinted step stands on its own fingerprint
+    assert not run.diverged  # M-5: an unverifiable step that does not replay is no divergence
+
+
 async def test_m5_b19_unfingerprinted_step_replays_only_after_a_replay(
     backend_journal: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
