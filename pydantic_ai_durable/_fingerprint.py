@@ -47,6 +47,7 @@ __all__ = (
     'Masker',
     'ModelFingerprinter',
     'RequestPreparer',
+    'fingerprint_event',
     'fingerprint_model_request',
     'fingerprint_tool_call',
 )
@@ -786,6 +787,19 @@ def fingerprint_tool_call(name: str, args: object, tool_call_id: str | None) -> 
     except Exception as error:
         _warn_tool(name, error)
         return None
+
+
+def fingerprint_event(event: object) -> str:
+    """Digest of an event handed to the `event_stream_handler`: its kind only (FP-14).
+
+    The results of a parallel batch of tool calls reach the handler in the order they finish, which a
+    resumed run does not repeat (replayed calls finish at once), so the content of the event at a position
+    is not stable while its kind is. A fingerprint of its own lets the step replay at its position even when
+    the step claimed before it ran live, which M-5 forbids a step without one.
+    """
+    kind = getattr(event, 'event_kind', None)
+    text = f'{{"event":{_canonical(kind if isinstance(kind, str) else type(event).__name__)}}}'
+    return hashlib.sha256(text.encode('ascii')).hexdigest()
 
 
 def fingerprint_model_request(
