@@ -7,13 +7,16 @@ recorded, and what the usage ledger must cancel when it replays (SPEC A-5, A-6).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 from pydantic_ai.durable_exec import (
+    BoundDurableOperation,
     CapabilityOperationId,
+    DurableOperation,
     DurableOperationId,
+    EventStreamHandlerId,
     JournalCallableOperationBackend,
     ModelRequestId,
     RoleBasedOperationConfig,
@@ -25,27 +28,21 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
-from ._errors import ResultNotJournalable
-from ._fingerprint import fingerprint_tool_call
+from ._codec import LIVE_RESULTS
+from ._errors import JournalError, ResultNotJournalable
+from ._fingerprint import fingerprint_event, fingerprint_tool_call
 from ._journal import Step
 from ._ledger import is_successful_tool_payload
+from ._usage import without_operation_usage
 
 if TYPE_CHECKING:
-    from pydantic_ai.durable_exec._base import _BoundModelOperations
-    from pydantic_ai.durable_exec._operation import DurableOperation
-    from pydantic_ai.durable_exec._operation_backend import BoundDurableOperation
-
     from ._capability import Durable, _ActiveRun
 
-__all__ = ('LIVE_RESULTS', 'DurableBackend', 'tool_is_replayable')
+__all__ = ('DurableBackend', 'tool_is_replayable')
 
 _NO_CONFIG = RoleBasedOperationConfig[None](model=None, event=None, capability=None, tool=None)
 
 Decoder = Callable[[object], object]
-
-LIVE_RESULTS: ContextVar[list[object] | None] = ContextVar('pydantic_ai_durable.live_results', default=None)
-"""While a live model step runs: the results its body encodes, so usage is read off the live response
-instead of decoding the payload a second time (pydantic-ai decodes it once more after `execute`)."""
 
 
 def tool_is_replayable(tool: object) -> bool:
@@ -64,18 +61,26 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         self._capability = capability
         self._names = (capability.name, capability.default_model_id)
         self._decoders: dict[DurableOperationId, Decoder] = {}
-        self.model_bindings: dict[tuple[str | None, str], _BoundModelOperations] = {}
-        """The capability's model operations bound to this backend, per (model id, model name)."""
+        self._bound: dict[DurableOperationId, BoundDurableOperation[Any, Any, Any]] = {}
 
     def serves(self, capability: Durable[Any]) -> bool:
         """Whether this backend dispatches for `capability` under its current names (operation names use them)."""
         return capability is self._capability and (capability.name, capability.default_model_id) == self._names
 
     def bind(self, operation: DurableOperation[Any, Any, Any]) -> BoundDurableOperation[Any, Any, Any]:
-        # pydantic-ai decodes a payload only after `execute` returns, too late to fall back to a live
-        # call; keeping the decoder lets a replay be tried first and rejected if it no longer loads (X-1).
-        self._decoders[operation.operation_id] = operation.result_codec.load
-        return super().bind(operation)
+        """Bind an operation, reusing the binding of the same operation (same id and handler).
+
+        pydantic-ai binds its four model operations again for every model request; a binding depends only
+        on the operation, so one per operation serves every request. A handler that is a new closure (a
+        toolset's) replaces the previous binding, so this keeps one binding per operation id. The decoder
+        is kept too: pydantic-ai decodes a payload only after `execute` returns, too late to fall back to a
+        live call, so a replay is decoded first and rejected if it no longer loads (X-1).
+        """
+        bound = self._bound.get(operation.operation_id)
+        if bound is None or bound.operation.handler != operation.handler:
+            bound = self._bound[operation.operation_id] = super().bind(operation)
+        self._decoders[operation.operation_id] = bound.operation.result_codec.load
+        return bound
 
     async def execute(
         self,
@@ -87,19 +92,24 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         config: None,
     ) -> object:
         active = self._capability._active_run()
+        if isinstance(operation_id, ToolsetCallToolId):
+            with _naming_the_tool(cast(str, cache_key[0])):
+                if active is None:
+                    return await body()
+                return await self._tool_step(active, name, body, cache_key, self._decoders.get(operation_id))
         if active is None or isinstance(operation_id, ToolsetValidateToolArgumentsId):
             return await body()  # inert (R-1), or argument validation: local and free, no position (P-7)
         decode = self._decoders.get(operation_id)
         if isinstance(operation_id, ModelRequestId):
             return await self._model_step(active, name, body, cache_key, decode)
-        if isinstance(operation_id, ToolsetCallToolId):
-            return await self._tool_step(active, name, body, cache_key, decode)
-        step = active.run.claim(name, 'other', None)  # discovery, events, capability ops, future ids
+        # Discovery, events, capability operations and ids of future releases. An event has a fingerprint
+        # so it replays at its position whatever ran before it (FP-14); the others follow M-5.
+        fingerprint = fingerprint_event(cache_key[0]) if isinstance(operation_id, EventStreamHandlerId) else None
+        step = active.run.claim(name, 'other', fingerprint)
+        operation = isinstance(operation_id, CapabilityOperationId)
         if replay(step, decode):
-            if isinstance(operation_id, CapabilityOperationId):
-                active.ledger.record_capability_replay(step.payload)
-            return step.payload
-        return await run_live(step, body)
+            return without_operation_usage(step.payload) if operation else step.payload  # U-16
+        return await run_live(step, body, spend=active.spend.operation_finished if operation else None)
 
     async def _model_step(
         self,
@@ -175,6 +185,20 @@ class DurableBackend(JournalCallableOperationBackend[None]):
             to_record=active.mask,
             spend=active.tool_spend,
         )
+
+
+@contextmanager
+def _naming_the_tool(tool_name: str) -> Iterator[None]:
+    """Name the tool in a `JournalError` its result raised: the codec that raises it does not know it (T-4)."""
+    try:
+        yield
+    except JournalError as exc:
+        if f'tool {tool_name!r}' in str(exc):
+            raise
+        message = f'The result of tool {tool_name!r} cannot be journaled. {exc}'
+        if isinstance(exc, ResultNotJournalable):
+            raise ResultNotJournalable(message, step=exc.step) from exc
+        raise JournalError(message) from exc
 
 
 def _response_of(payload: object, decode: Decoder | None) -> ModelResponse | None:

@@ -3,53 +3,37 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic_ai.agent import EventStreamHandler
-from pydantic_ai.capabilities import AbstractCapability, WrapRunHandler
-from pydantic_ai.durable_exec import JSON_CODEC, BaseDurabilityCapability, CallToolResult, DurabilityEngineSpec
+from pydantic_ai.capabilities import WrapRunHandler
+from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec
 from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import AgentDepsT, RunContext
-from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset, WrapperToolset
+from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset
 
-from ._backend import LIVE_RESULTS, DurableBackend
-from ._errors import JournalError, ResultNotJournalable
+from ._backend import DurableBackend
+from ._codec import JOURNAL_CODEC, not_journalable
+from ._compat import check_private_hooks, resolve_request_model
 from ._execution import Execution, current_attempt
 from ._fingerprint import ModelFingerprinter, RequestPreparer
-from ._journal import Run, SimulatedCrash, current_step
+from ._journal import Run, SimulatedCrash
 from ._leaf import JournaledToolset
 from ._ledger import ReplayUsageLedger, is_successful_tool_payload
 from ._masking import SECRETS, SecretRegistry
-from ._payloads import why_not_journalable
 from ._usage import RunSpend
-from .journals import _json
 from .journals._protocol import Journal
-
-if TYPE_CHECKING:
-    from pydantic_ai.durable_exec import DurableOperationBackend
-    from pydantic_ai.durable_exec._base import _BoundModelOperations
 
 __all__ = ('Durable',)
 
 log = logging.getLogger('pydantic_ai_durable')
-
-
-def _not_journalable(error: Exception, value: object = None) -> BaseException:
-    reason = why_not_journalable(error, value) if value is not None else why_not_journalable(error)
-    return ResultNotJournalable(
-        f'A result is not JSON-serializable, so it cannot be journaled: {reason}. This error '
-        'is not retryable: return JSON-compatible data (dicts, lists, strings, numbers, pydantic models, '
-        'dataclasses) instead.',
-        step=current_step(),
-    )
 
 
 def _is_mcp_toolset(toolset: object) -> bool:
@@ -96,8 +80,8 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         engine_name='Durable',
         durable_unit_noun='step',
         durable_container_noun='execution',
-        codec=JSON_CODEC,
-        serialization_failure=_not_journalable,
+        codec=JOURNAL_CODEC,
+        serialization_failure=not_journalable,
         sequential_tools_in_durable_context=False,
     )
 
@@ -115,6 +99,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
                 f'Durable(journal=...) needs a journal such as MemoryJournal() or DiskJournal(path), '
                 f'not {type(journal).__name__}.'
             )
+        check_private_hooks()
         super().__init__(models=models, event_stream_handler=event_stream_handler, name=name)
         self.journal = journal
         self.secrets = secrets if secrets is not None else SECRETS
@@ -137,19 +122,6 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         if backend is None or not backend.serves(self):
             backend = self._backend = DurableBackend(self)
         return backend
-
-    def _bind_model_operations(
-        self, backend: DurableOperationBackend[Any], *, model_id: str | None, model_name: str
-    ) -> _BoundModelOperations:
-        if not isinstance(backend, DurableBackend) or not backend.serves(self):
-            return super()._bind_model_operations(backend, model_id=model_id, model_name=model_name)
-        key = (model_id, model_name)
-        bound = backend.model_bindings.get(key)
-        if bound is None:
-            bound = backend.model_bindings[key] = super()._bind_model_operations(
-                backend, model_id=model_id, model_name=model_name
-            )
-        return bound
 
     def _active_run(self) -> _ActiveRun | None:
         return (_ACTIVE_RUNS.get() or {}).get(id(self))
@@ -223,64 +195,28 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         key = (id(self.agent), model_id)
         model = self._request_models.get(key)
         if model is None:
-            model = self._request_models[key] = await self._resolve_model_for_request(model_id, ctx)
+            model = self._request_models[key] = await resolve_request_model(self, model_id, ctx)
         return model
 
-    async def _invoke_capability_operation(
-        self,
-        capability: AbstractCapability[Any],
-        operation: str,
-        *,
-        ctx: RunContext[Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        # pydantic-ai adds a replayed operation's recorded usage delta only after `execute` returns, so
-        # the ledger subtracts it here, once it has been added (U-16).
-        try:
-            return await super()._invoke_capability_operation(capability, operation, ctx=ctx, args=args, kwargs=kwargs)
-        finally:
-            active = self._active_run()
-            if active is not None:
-                active.ledger.apply_capability_replays()
+    def get_wrapper_toolset(self, toolset: AbstractToolset[AgentDepsT]) -> AbstractToolset[AgentDepsT] | None:
+        """Journal the agent's leaves pydantic-ai does not run as durable units itself, then let it wrap its own (A-8).
 
-    def _encode(self, tp: Any, value: Any) -> Any:
-        """Encode a step's result for the journal, refusing (not retrying) what the journal cannot hold (T-4).
-
-        pydantic-ai maps only the codec's `PydanticSerializationError` and `TypeError` to our error; a
-        result nested too deeply or holding invalid UTF-8 raises `ValueError`, and an integer too long
-        for JSON text passes the codec but not the journal, so a tool result is checked for both here.
+        Only the agent's own toolsets are journaled here, as pydantic-ai wraps only those: a toolset
+        passed to one run is that run's business. A `JournaledToolset` is not visited again, so the
+        base class, which swaps in its wrappers next, never wraps inside it.
         """
-        try:
-            encoded = super()._encode(tp, value)
-        except (ValueError, RecursionError) as exc:
-            raise _not_journalable(exc, value) from exc
-        if tp is CallToolResult and not _json.encodable(encoded):
-            raise _not_journalable(ValueError('it cannot be written as JSON text (an integer over 4300 digits?)'))
-        live = LIVE_RESULTS.get()
-        if live is not None:
-            live.append(value)
-        return encoded
+        agent = self.agent
+        if agent is None:
+            return super().get_wrapper_toolset(toolset)
+        own: set[int] = set()
+        for agent_toolset in agent.toolsets:
+            agent_toolset.apply(lambda leaf: own.add(id(leaf)))
 
-    def _wrap_leaf_toolset(self, ts: AbstractToolset[AgentDepsT]) -> WrapperToolset[AgentDepsT] | None:
-        """Journal leaves pydantic-ai does not run as durable units itself (A-8).
+        def journal(leaf: AbstractToolset[AgentDepsT]) -> AbstractToolset[AgentDepsT]:
+            if id(leaf) not in own or isinstance(leaf, (FunctionToolset, DynamicToolset)) or _is_mcp_toolset(leaf):
+                return leaf
+            return JournaledToolset(leaf, capability=self)
 
-        Overridden rather than the base's `_wrap_other_leaf_toolset` hook, which the base skips when the
-        optional MCP package is not installed.
-        """
-        wrapped = super()._wrap_leaf_toolset(ts)
-        if wrapped is not None or isinstance(ts, (FunctionToolset, DynamicToolset)) or _is_mcp_toolset(ts):
-            return wrapped
-        return JournaledToolset(ts, capability=self)
-
-    @contextmanager
-    def _tool_call_payload_errors(self, tool_name: str) -> Generator[None]:
-        try:
-            yield
-        except JournalError as exc:
-            if f'tool {tool_name!r}' in str(exc):
-                raise
-            message = f'The result of tool {tool_name!r} cannot be journaled. {exc}'
-            if isinstance(exc, ResultNotJournalable):
-                raise ResultNotJournalable(message, step=exc.step) from exc
-            raise JournalError(message) from exc
+        journaled = toolset.visit_and_replace(journal)
+        wrapped = super().get_wrapper_toolset(journaled)
+        return wrapped if wrapped is not None else journaled

@@ -36,7 +36,7 @@ from uuid import UUID
 from pydantic import ConfigDict, TypeAdapter
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse
 from pydantic_ai.models import ModelRequestParameters
-from pydantic_core import to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 if TYPE_CHECKING:
     from hashlib import _Hash
@@ -47,6 +47,7 @@ __all__ = (
     'Masker',
     'ModelFingerprinter',
     'RequestPreparer',
+    'fingerprint_event',
     'fingerprint_model_request',
     'fingerprint_tool_call',
 )
@@ -88,7 +89,10 @@ class _NeedsFullPath(Exception):
 # FP-4: settings that only change transport or provider-side caching
 # ---------------------------------------------------------------------------------------------------------
 
-_ALWAYS_TRANSPORT_ONLY = frozenset({'timeout', 'request_timeout', 'max_retries'})
+_ALWAYS_TRANSPORT_ONLY = frozenset(
+    # `first_event_timeout` and `openai_transport` (HTTP or one WebSocket) came with pydantic-ai 2.64-2.68.
+    {'timeout', 'request_timeout', 'max_retries', 'first_event_timeout', 'openai_transport'}
+)
 
 # Named by FP-4, plus every prompt-cache setting of pydantic-ai 2.62, so the set does not depend on being
 # able to read the installed sources. Settings added by later releases are picked up by the scan below.
@@ -130,8 +134,8 @@ def _settings_source_files() -> list[Path]:
     if spec is None or spec.origin is None:
         return []
     root = Path(spec.origin).parent
-    models = root / 'models'
-    return [root / 'settings.py', *sorted(models.glob('*.py')), *sorted(models.glob('*/__init__.py'))]
+    # Provider packages keep their settings in any module (`models/openai/_settings.py` since 2.64).
+    return [root / 'settings.py', *sorted((root / 'models').rglob('*.py'))]
 
 
 def _class_keys(source: str, name: str) -> list[str]:
@@ -159,6 +163,8 @@ def installed_settings_keys() -> dict[str, list[str]]:
         try:
             text = path.read_text(encoding='utf-8')
         except OSError:
+            continue
+        if 'ModelSettings' not in text:
             continue
         for match in _SETTINGS_CLASS.finditer(text):
             name = match.group('name')
@@ -560,8 +566,10 @@ def _history_texts(messages: Sequence[ModelMessage], secrets: Masker | None) -> 
     history = list(messages)
     try:
         guides: list[Any] | None = ModelMessagesTypeAdapter.dump_python(history)
-    except TypeError:
-        guides = None  # FP-9: nothing sorted, nothing refused
+    except (TypeError, PydanticSerializationError):
+        # FP-9: nothing sorted, nothing refused. From pydantic-ai 2.64 a tool return's own serializer wraps
+        # the `TypeError` (a set of dataclasses dumped to a set of dicts).
+        guides = None
     specials = [_inspect_guide(guide) for guide in guides] if guides is not None else [False] * len(history)
     rendered = ModelMessagesTypeAdapter.dump_python(history, mode='json')
     return [
@@ -779,6 +787,19 @@ def fingerprint_tool_call(name: str, args: object, tool_call_id: str | None) -> 
     except Exception as error:
         _warn_tool(name, error)
         return None
+
+
+def fingerprint_event(event: object) -> str:
+    """Digest of an event handed to the `event_stream_handler`: its kind only (FP-14).
+
+    The results of a parallel batch of tool calls reach the handler in the order they finish, which a
+    resumed run does not repeat (replayed calls finish at once), so the content of the event at a position
+    is not stable while its kind is. A fingerprint of its own lets the step replay at its position even when
+    the step claimed before it ran live, which M-5 forbids a step without one.
+    """
+    kind = getattr(event, 'event_kind', None)
+    text = f'{{"event":{_canonical(kind if isinstance(kind, str) else type(event).__name__)}}}'
+    return hashlib.sha256(text.encode('ascii')).hexdigest()
 
 
 def fingerprint_model_request(

@@ -22,7 +22,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Literal, Protocol
 
-from pydantic_ai.durable_exec import JSON_CODEC
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
@@ -167,16 +166,6 @@ def is_successful_tool_payload(payload: object) -> bool:
     return isinstance(payload, Mapping) and payload.get('kind') in SUCCESSFUL_TOOL_RESULT_KINDS
 
 
-@dataclasses.dataclass
-class _PendingDelta:
-    """A replayed operation's usage delta, waiting until pydantic-ai has added it to the run."""
-
-    usage: RunUsage
-    new_detail_keys: set[str]
-    new_attributes: set[str]
-    cost_was_unset: bool
-
-
 class ReplayUsageLedger:
     """Cancels what pydantic-ai counts for replayed steps and pre-credits the limit checks that precede them.
 
@@ -207,7 +196,6 @@ class ReplayUsageLedger:
         # What the ledger has subtracted for the chain's replayed segments: what the graph's merge of
         # them adds, which is not always their sum (a re-polled job replaces its usage snapshot).
         self._chain_usage: RequestUsage | None = None
-        self._pending_deltas: list[_PendingDelta] = []
         # Keys the ledger's own subtractions created; dropped again once replay and graph have netted
         # them to zero, so a fully replayed run leaves `details`, extra counters and `cost` as they were.
         self._new_detail_keys: set[str] = set()
@@ -283,10 +271,8 @@ class ReplayUsageLedger:
         """Give back every credit not resolved yet, and return whether a request credit was outstanding (U-11).
 
         A credit for a step the run never reached (it diverged, or stopped) only ever loosened one
-        up-front check, and must not survive into the run's total. Replayed operation deltas still
-        waiting (see `apply_capability_replays`) are taken off here at the latest.
+        up-front check, and must not survive into the run's total.
         """
-        self.apply_capability_replays()
         if self._tool_credits:
             self.run_usage.tool_calls += len(self._tool_credits)
             self._tool_credits.clear()
@@ -307,9 +293,7 @@ class ReplayUsageLedger:
         sending it back as the last message, and counts the whole chain as a single request.
         """
         last = messages[-1] if messages else None
-        continuing = (
-            self._previous_suspended and isinstance(last, ModelResponse) and last.state == 'suspended'
-        )
+        continuing = self._previous_suspended and isinstance(last, ModelResponse) and last.state == 'suspended'
         if not continuing:
             self._chain_calls = 0
             self._calls_chain = _ChainShape()
@@ -322,9 +306,7 @@ class ReplayUsageLedger:
         segment's parts, so its calls replace the count; added-up segments add theirs.
         """
         function_names = {tool.name for tool in params.function_tools}
-        calls = sum(
-            1 for part in response.parts if isinstance(part, ToolCallPart) and part.tool_name in function_names
-        )
+        calls = sum(1 for part in response.parts if isinstance(part, ToolCallPart) and part.tool_name in function_names)
         if self._calls_chain.fold(response) == 'accumulate':
             self._chain_calls += calls
         else:
@@ -400,41 +382,6 @@ class ReplayUsageLedger:
             projected.tool_calls = self._batch_projection
             self._limits.check_before_tool_call(projected)
 
-    # -- capability operations ---------------------------------------------------------------------
-
-    def record_capability_replay(self, payload: object) -> None:
-        """Queue the usage delta a replayed `@durable_operation` brings back, to be cancelled (U-16).
-
-        pydantic-ai adds an operation's recorded `usage_delta` when the operation returns, but only if
-        the run's usage did not change during the call; subtracting inside the call would make it skip
-        the add and leave the delta taken off twice. So the delta waits for `apply_capability_replays()`,
-        which the caller runs once the operation has returned (and `settle()` runs anyway).
-        """
-        delta = _usage_delta_of(payload)
-        if delta is None:
-            return
-        self._pending_deltas.append(
-            _PendingDelta(
-                usage=delta,
-                new_detail_keys={key for key in delta.details if key not in self.run_usage.details},
-                new_attributes={name for name in _counter_names(delta) if not hasattr(self.run_usage, name)},
-                cost_was_unset=self.run_usage.cost is None and delta.cost is not None,
-            )
-        )
-
-    def apply_capability_replays(self) -> None:
-        """Subtract the queued deltas of replayed operations, now that pydantic-ai has added them back.
-
-        Call it right after a capability operation returns to its caller; until then the run's usage
-        briefly includes the replayed delta.
-        """
-        pending, self._pending_deltas = self._pending_deltas, []
-        for item in pending:
-            subtract_usage(self.run_usage, item.usage)
-            self._new_detail_keys |= item.new_detail_keys
-            self._new_attributes |= item.new_attributes
-            self._cost_was_unset = self._cost_was_unset or item.cost_was_unset
-
     # -- internals ---------------------------------------------------------------------------------
 
     def _reset_usage_chain(self) -> None:
@@ -467,20 +414,6 @@ class ReplayUsageLedger:
         if self._cost_was_unset and run_usage.cost is not None and run_usage.cost == 0:
             run_usage.cost = None
             self._cost_was_unset = False
-
-
-def _usage_delta_of(payload: object) -> RunUsage | None:
-    """The `usage_delta` of a recorded operation result: its JSON form, or an already decoded result."""
-    raw = payload.get('usage_delta') if isinstance(payload, Mapping) else getattr(payload, 'usage_delta', None)
-    if isinstance(raw, RunUsage):
-        return raw
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        delta = JSON_CODEC.load(RunUsage, dict(raw))
-    except (TypeError, ValueError):
-        return None
-    return delta if isinstance(delta, RunUsage) else None
 
 
 _MergeMode = Literal['first', 'same-job', 'new-model', 'accumulate']

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -21,7 +22,7 @@ from pydantic_ai.usage import RequestUsage, RunUsage
 from ._journal import Run
 from ._ledger import fill_replayed_cost, subtract_usage
 
-__all__ = ('RunSpend', 'dump_usage', 'load_usage')
+__all__ = ('RunSpend', 'dump_usage', 'load_usage', 'operation_usage', 'without_operation_usage')
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -62,6 +63,33 @@ def load_usage(value: Any) -> RunUsage:
     except ValidationError:
         log.warning('A usage snapshot in the journal has an unknown shape; it is ignored.')
         return RunUsage()
+
+
+def operation_usage(payload: object) -> RunUsage | None:
+    """The usage a capability `@durable_operation` reported, from its recorded result (U-16).
+
+    pydantic-ai records an operation's result as `{"value": ..., "usage_delta": RunUsage}`; `None` when the
+    payload carries no readable delta.
+    """
+    raw = payload.get('usage_delta') if isinstance(payload, Mapping) else None
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return _USAGE.validate_python(dict(raw))
+    except ValidationError:
+        return None
+
+
+def without_operation_usage(payload: object) -> object:
+    """A recorded operation result whose usage delta is empty, for a replay to hand to pydantic-ai (U-16).
+
+    pydantic-ai adds a returned operation's `usage_delta` to the run when the run's usage did not move
+    during the call, which is always the case for a replay. The live attempt already counted that usage
+    (and the journal keeps it, U2-1), so the replay brings back the value and no usage.
+    """
+    if isinstance(payload, Mapping) and isinstance(payload.get('usage_delta'), Mapping):
+        return {**payload, 'usage_delta': {}}
+    return payload
 
 
 class RunSpend:
@@ -120,6 +148,14 @@ class RunSpend:
                 subtract_usage(self.attempt, previous[1])
             self.attempt.incr(priced.usage)
             self._segment = (response.provider_response_id, priced.usage)
+        return self.snapshot()
+
+    def operation_finished(self, payload: object) -> dict[str, Any] | None:
+        """Add the usage a live capability operation reported; returns the snapshot to store with its entry."""
+        delta = operation_usage(payload)
+        if delta is None or not (delta.has_values() or delta.requests or delta.tool_calls):
+            return None
+        self.attempt.incr(delta)
         return self.snapshot()
 
     def tool_call_finished(self, successful: bool) -> dict[str, Any] | None:

@@ -682,16 +682,17 @@ def scripted_agent(journal: Journal, calls: Calls, model: ScriptedModel) -> Agen
 
 
 async def test_model_operations_are_bound_once_per_model_not_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pydantic_ai.durable_exec import BaseDurabilityCapability
+    from pydantic_ai.durable_exec import CallableOperationBackend, ModelRequestId
 
     bindings: list[str | None] = []
-    original = BaseDurabilityCapability._bind_model_operations
+    original = CallableOperationBackend.bind
 
-    def counting(self: Any, backend: Any, *, model_id: str | None, model_name: str) -> Any:
-        bindings.append(model_name)
-        return original(self, backend, model_id=model_id, model_name=model_name)
+    def counting(self: Any, operation: Any) -> Any:
+        if isinstance(operation.operation_id, ModelRequestId):
+            bindings.append(operation.operation_id.model_name)
+        return original(self, operation)
 
-    monkeypatch.setattr(BaseDurabilityCapability, '_bind_model_operations', counting)
+    monkeypatch.setattr(CallableOperationBackend, 'bind', counting)
     calls, journal = Calls(), MemoryJournal()
     agent = five_turn_agent(journal, calls, broken=False)
     durable = next(cap for cap in agent.root_capability.capabilities if isinstance(cap, Durable))
@@ -701,7 +702,7 @@ async def test_model_operations_are_bound_once_per_model_not_per_request(monkeyp
         second = await agent.run('go')
     assert first.output == second.output == 'done 1,done 2,done 3,done 4,done 5'
     assert calls['model'] == 6 and handle.stats.replayed['model'] == 6
-    assert bindings == ['five']
+    assert bindings == ['five', 'five']  # the request and the streamed request, each bound once
     backend = durable.get_durable_operation_backend()
     assert durable.get_durable_operation_backend() is backend
     durable.name = 'renamed'  # the names an operation is journaled under changed: a new backend

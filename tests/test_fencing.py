@@ -327,10 +327,17 @@ async def test_b12_a_live_holder_in_another_pid_namespace_is_not_taken_for_dead(
         assert f':{seen}:' in busy.value.holder
         assert calls['model'] == 0
     finally:
-        holder.kill()
+        holder.kill()  # unshare --kill-child: the namespace's processes die with it, a moment later
         holder.wait()
-    async with execution('namespaced', journal=open_journal()):  # gone now: taken over at once
-        await two_step_agent(None, Calls()).run('q')
+    deadline = time.monotonic() + 5  # far below the holder's 600 s lease: taken over once it is gone
+    while True:
+        try:
+            async with execution('namespaced', journal=open_journal()):
+                await two_step_agent(None, Calls()).run('q')
+            break
+        except ExecutionBusy:
+            assert time.monotonic() < deadline, 'the dead holder was not taken over'
+            await asyncio.sleep(0.05)
 
 
 # -- B-13: delete and prune respect live leases ----------------------------------------------------

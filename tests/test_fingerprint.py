@@ -309,6 +309,8 @@ REVIEWED_TRANSPORT_ONLY = {
     'openrouter_cache_tool_definitions', 'openrouter_cache_instructions', 'openrouter_cache_messages',
     'openai_prompt_cache_key', 'openai_prompt_cache_retention', 'openai_prompt_cache_options',
     'openai_prompt_cache_diagnostics', 'openai_cache_instructions', 'mistral_prompt_cache_key',
+    # added by 2.63-2.68: a deadline for the first streamed event, and HTTP or a WebSocket for one request
+    'first_event_timeout', 'openai_transport',
 }  # fmt: skip
 
 SPEC_TRANSPORT_ONLY = {
@@ -370,13 +372,14 @@ ANSWER_AFFECTING = {
     'xai_include_inline_citations', 'xai_include_mcp_output', 'xai_include_x_search_output',
     'xai_include_collections_search_output', 'xai_include_attachment_search_output', 'xai_reasoning_effort',
     'xai_max_turns', 'xai_agent_count',
+    # added by 2.63-2.68: prompt text about `<system>` frames, who may call web tools, what a response keeps
+    'framing_announcement', 'anthropic_web_tools_allowed_callers', 'openai_include_unmapped_response_data',
 }  # fmt: skip
 
 
 def _installed_settings_files() -> list[Path]:
     root = _pydantic_ai_root()
-    models = root / 'models'
-    return [root / 'settings.py', *models.glob('*.py'), *models.glob('*/__init__.py')]
+    return [root / 'settings.py', *(root / 'models').rglob('*.py')]
 
 
 def _pydantic_ai_root() -> Path:

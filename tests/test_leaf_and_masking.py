@@ -324,3 +324,53 @@ async def test_k7_secret_in_tool_results_args_and_model_text_never_in_what_tools
         raw = b''.join(p.read_bytes() for p in Path(journal.path).iterdir() if p.is_file())
         assert f'again {secret}'.encode() not in raw  # only in what the tool returned, so never stored
         assert b'again ***' in raw
+
+
+async def test_p5_a_leaf_without_an_id_is_journaled_under_its_class_name(new_journal: Any) -> None:
+    calls = Calls()
+
+    def lookup(item: str) -> str:
+        calls.hit('tool')
+        return f'{item}: 3'
+
+    def build() -> Agent[None, str]:
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            calls.hit('model')
+            if responses(messages) == 0:
+                return ModelResponse(parts=[ToolCallPart('lookup', {'item': 'a'}, tool_call_id='l1')])
+            return ModelResponse(parts=[TextPart(str(tool_returns(messages)[-1].content))])
+
+        return Agent(
+            FunctionModel(model),
+            name='unnamed',
+            toolsets=[Warehouse({'lookup': lookup}, id=None)],  # type: ignore[arg-type]
+            capabilities=[Durable(new_journal())],
+        )
+
+    for _attempt in range(2):
+        async with execution('p5-no-id', cleanup='never') as handle:
+            assert (await build().run('go')).output == 'a: 3'
+    assert (calls['model'], calls['tool']) == (2, 1)
+    assert handle.stats.replayed == {'model': 2, 'tool': 1}
+    assert [o.name for o in handle.stats.steps if o.kind == 'tool'] == [
+        'unnamed__leaf_toolset__Warehouse.call_tool:lookup'
+    ]
+
+
+async def test_a8_a_leaf_given_to_one_run_is_not_journaled(new_journal: Any) -> None:
+    calls = Calls()
+
+    def lookup(item: str) -> str:
+        calls.hit('tool')
+        return f'{item}: 3'
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if responses(messages) == 0:
+            return ModelResponse(parts=[ToolCallPart('lookup', {'item': 'a'}, tool_call_id='l1')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    agent = Agent(FunctionModel(model), name='runtime', capabilities=[Durable(new_journal())])
+    async with execution('a8-runtime') as handle:
+        await agent.run('go', toolsets=[Warehouse({'lookup': lookup}, id='extra')])
+    assert calls['tool'] == 1
+    assert [o.kind for o in handle.stats.steps] == ['model', 'model']

@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 from pydantic_ai._genai_prices import fill_response_cost
-from pydantic_ai.durable_exec import JSON_CODEC
-from pydantic_ai.durable_exec._capability_operation import CapabilityOperationResult
 from pydantic_ai.exceptions import UsageLimitExceeded
 from pydantic_ai.messages import (
     ModelMessage,
@@ -704,60 +702,6 @@ def test_u15_uncredited_or_unlimited_calls_are_not_checked() -> None:
     assert unlimited.run_usage.tool_calls == 9
 
 
-# -- U-16 ----------------------------------------------------------------------------------------
-
-
-def _operation_payload(delta: RunUsage) -> dict[str, Any]:
-    return {'value': 1, 'usage_delta': JSON_CODEC.dump(RunUsage, delta)}
-
-
-def test_u16_usage_delta_is_cancelled_after_pydantic_ai_adds_it() -> None:
-    seeded = RunUsage(requests=2, input_tokens=50)
-    usage = copy.copy(seeded)
-    ledger = ReplayUsageLedger(run_usage=usage, usage_limits=None)
-    delta = RunUsage(requests=1, tool_calls=1, input_tokens=7, details={'x': 2}, cost=Decimal('0.01'))
-    ledger.record_capability_replay(_operation_payload(delta))
-    # Still untouched inside the operation: pydantic-ai adds the delta only if usage did not change there.
-    assert usage == seeded
-    usage.incr(delta)
-    ledger.apply_capability_replays()
-    ledger.settle()
-    assert usage == seeded
-
-
-def test_u16_settle_applies_what_is_still_queued() -> None:
-    usage = RunUsage(output_tokens=5)
-    ledger = ReplayUsageLedger(run_usage=usage, usage_limits=None)
-    delta = RunUsage(output_tokens=3)
-    ledger.record_capability_replay(_operation_payload(delta))
-    usage.incr(delta)
-    ledger.settle()
-    ledger.apply_capability_replays()  # nothing left to apply twice
-    assert usage == RunUsage(output_tokens=5)
-
-
-def test_u16_decoded_operation_result_is_accepted() -> None:
-    usage = RunUsage(input_tokens=5)
-    ledger = ReplayUsageLedger(run_usage=usage, usage_limits=None)
-    delta = RunUsage(input_tokens=2)
-    ledger.record_capability_replay(CapabilityOperationResult(value=1, usage_delta=delta))
-    usage.incr(delta)
-    ledger.apply_capability_replays()
-    assert usage == RunUsage(input_tokens=5)
-
-
-@pytest.mark.parametrize(
-    'payload',
-    [None, 'x', {'value': 1}, {'usage_delta': None}, {'usage_delta': {'input_tokens': 'many'}}],
-)
-def test_u16_payloads_without_a_valid_delta_are_ignored(payload: object) -> None:
-    usage = RunUsage(input_tokens=5)
-    ledger = ReplayUsageLedger(run_usage=usage, usage_limits=None)
-    ledger.record_capability_replay(payload)
-    ledger.settle()
-    assert usage == RunUsage(input_tokens=5)
-
-
 # -- U-17 ----------------------------------------------------------------------------------------
 
 
@@ -812,9 +756,7 @@ def _two_step_journal() -> tuple[FakeRun, ModelResponse, ModelResponse]:
     return journal('mtttm'), first, final
 
 
-@pytest.mark.parametrize(
-    'limits', [UsageLimits(request_limit=2), UsageLimits(request_limit=2, tool_calls_limit=3)]
-)
+@pytest.mark.parametrize('limits', [UsageLimits(request_limit=2), UsageLimits(request_limit=2, tool_calls_limit=3)])
 def test_u17_full_replay_at_the_limits_succeeds_and_changes_nothing(limits: UsageLimits) -> None:
     run, first, final = _two_step_journal()
     seeded = RunUsage(requests=2, tool_calls=3, input_tokens=300, output_tokens=30)

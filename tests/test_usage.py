@@ -293,6 +293,35 @@ async def test_g57_j76_u16_capability_operations_replay_without_counting_twice(n
     assert (result.usage.input_tokens - live_only.input_tokens) == 100 + 7
 
 
+def _operation_payload(delta: RunUsage) -> dict[str, Any]:
+    from pydantic_ai.durable_exec import JSON_CODEC
+
+    return {'value': 1, 'usage_delta': JSON_CODEC.dump(RunUsage, delta)}
+
+
+def test_u16_a_replayed_operation_hands_back_its_value_and_no_usage() -> None:
+    from pydantic_ai_durable._usage import operation_usage, without_operation_usage
+
+    delta = RunUsage(requests=1, tool_calls=1, input_tokens=7, details={'x': 2}, cost=Decimal('0.01'))
+    payload = _operation_payload(delta)
+    replayed = without_operation_usage(payload)
+    assert replayed == {'value': 1, 'usage_delta': {}}
+    assert payload == _operation_payload(delta)  # the recorded payload itself is left alone
+    assert operation_usage(payload) == delta
+    assert operation_usage(replayed) == RunUsage()
+
+
+@pytest.mark.parametrize(
+    'payload', [None, 'x', {'value': 1}, {'usage_delta': None}, {'usage_delta': {'input_tokens': 'many'}}]
+)
+def test_u16_payloads_without_a_valid_delta_count_nothing(payload: object) -> None:
+    from pydantic_ai_durable._usage import operation_usage, without_operation_usage
+
+    assert operation_usage(payload) is None
+    if not (isinstance(payload, dict) and isinstance(payload.get('usage_delta'), dict)):
+        assert without_operation_usage(payload) is payload
+
+
 def test_u2_every_run_usage_field_is_persisted() -> None:
     from pydantic_ai_durable._usage import _USAGE, dump_usage, load_usage
 

@@ -107,8 +107,11 @@ def _output_of(result: Any) -> Any:
 
 
 def _usage_of(result: Any) -> Any:
+    """A result's usage: a property, or a method on results of other shapes (calling a `RunUsage` is deprecated)."""
+    from pydantic_ai.usage import RunUsage
+
     usage = getattr(result, 'usage', None)
-    return usage() if callable(usage) else usage
+    return usage() if callable(usage) and not isinstance(usage, RunUsage) else usage
 
 
 def _messages_of(result: Any) -> list[Any] | None:

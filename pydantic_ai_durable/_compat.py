@@ -1,0 +1,70 @@
+"""The private pydantic-ai hook the package still calls, checked once so a release that changes it fails loudly.
+
+Everything else goes through pydantic-ai's public durable API. Resolving the model a request goes to has
+no public counterpart: `BaseDurabilityCapability._resolve_model_for_request` runs the agent's whole
+`resolve_model_id` chain, which the package must not copy, because a request fingerprinted against another
+model than the one that answers it could replay a wrong answer (FP-2, A-7).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from pydantic_ai.durable_exec import BaseDurabilityCapability
+from pydantic_ai.models import Model
+from pydantic_ai.tools import RunContext
+
+from ._errors import DurableError
+
+__all__ = ('PRIVATE_HOOKS', 'TESTED_PYDANTIC_AI', 'check_private_hooks', 'resolve_request_model')
+
+TESTED_PYDANTIC_AI = '2.62 to 2.68'
+"""The pydantic-ai-slim releases CI runs the test suite against (README, compatibility)."""
+
+RESOLVE_MODEL_HOOK = 'BaseDurabilityCapability._resolve_model_for_request'
+
+PRIVATE_HOOKS: dict[str, tuple[str, ...]] = {RESOLVE_MODEL_HOOK: ('self', 'model_id', 'run_context')}
+"""Each private hook the package calls, with the parameters it calls it with."""
+
+
+def _hook_problem(name: str, parameters: tuple[str, ...]) -> str | None:
+    attribute = name.split('.', 1)[1]
+    hook = getattr(BaseDurabilityCapability, attribute, None)
+    if hook is None or not inspect.iscoroutinefunction(hook):
+        return 'it is gone (or no longer async)'
+    found = tuple(inspect.signature(hook).parameters)
+    if found != parameters:
+        return f'its parameters are now {found}, not {parameters}'
+    return None
+
+
+@functools.cache
+def _problems() -> tuple[str, ...]:
+    return tuple(
+        f'pydantic-ai changed the private hook {name}, which pydantic_ai_durable relies on: {problem}. '
+        f'This pydantic_ai_durable was tested with pydantic-ai-slim {TESTED_PYDANTIC_AI}; install one of those '
+        'releases, or a pydantic_ai_durable release that supports yours.'
+        for name, parameters in PRIVATE_HOOKS.items()
+        if (problem := _hook_problem(name, parameters)) is not None
+    )
+
+
+def check_private_hooks() -> None:
+    """Raise `DurableError` naming any private hook whose shape the installed pydantic-ai changed.
+
+    `Durable()` calls it, so a release that breaks a hook stops the agent from being built instead of
+    letting it fingerprint requests against a wrong model.
+    """
+    problems = _problems()
+    if problems:
+        raise DurableError(' '.join(problems))
+
+
+async def resolve_request_model(
+    capability: BaseDurabilityCapability[Any], model_id: str | None, ctx: RunContext[Any]
+) -> Model:
+    """The model a request with `model_id` goes to, resolved the way pydantic-ai resolves it for the request."""
+    model: Model = await capability._resolve_model_for_request(model_id, ctx)
+    return model
