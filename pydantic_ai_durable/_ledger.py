@@ -16,12 +16,14 @@ back by `settle()` when the run never reaches it. Nothing here is persisted.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Literal, Protocol
 
+from pydantic import TypeAdapter
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
@@ -185,6 +187,10 @@ class ReplayUsageLedger:
         self.run_usage = run_usage
         self._limits = usage_limits if usage_limits is not None else UsageLimits()
         self._request_credit = False
+        self._credited_usage: RunUsage | None = None
+        """Tokens and cost counted down with the request credit: the responses the journal will replay."""
+        self._tail: _ReplayTail | None = None
+        self._credits_usage = self._limits.has_token_limits() or self._limits.cost_limit is not None
         self._tool_credits: set[int] = set()
         self._batch_projection: int | None = None
         # The continuation chain the current model request belongs to, tracked twice: once over every
@@ -214,18 +220,29 @@ class ReplayUsageLedger:
         position = run.next_position
         while (entry := run.peek(position)) is not None:
             if entry.get('kind') == 'model':
-                self.credit_request()
+                self.credit_request(run, position)
                 return
             position += 1
 
-    def credit_request(self) -> None:
+    def credit_request(self, run: JournalView | None = None, position: int | None = None) -> None:
         """Count the next model request down in advance because the journal says it will replay (U-8).
 
         Only one request can be pending at a time; a second credit would let a live request past the limit.
+        With token or cost limits, the tokens and cost of every response the journal will replay from
+        `position` on are counted down too (U-18): the check before a request, and the one after a
+        replayed response, then see the spend an uninterrupted run would have had at that point.
         """
-        if not self._request_credit:
-            self._request_credit = True
-            self.run_usage.requests -= 1
+        if self._request_credit:
+            return
+        self._request_credit = True
+        self.run_usage.requests -= 1
+        if self._credits_usage and run is not None and position is not None:
+            if self._tail is None:
+                self._tail = _ReplayTail.of(run, position)
+            usage = self._tail.from_position(position)
+            if usage is not None:
+                self._subtract(usage)
+                self._credited_usage = usage
 
     def credit_successors(self, run: JournalView, position: int) -> None:
         """Credit the recorded steps that follow the complete replayed response at `position` (U-9).
@@ -248,7 +265,7 @@ class ReplayUsageLedger:
                 continue
             kind = entry.get('kind')
             if kind == 'model':
-                self.credit_request()
+                self.credit_request(run, candidate)
                 break
             if kind == 'tool' and is_successful_tool_payload(entry.get('payload')):
                 collected.append(candidate)
@@ -281,6 +298,9 @@ class ReplayUsageLedger:
         if had_request_credit:
             self._request_credit = False
             self.run_usage.requests += 1
+        if self._credited_usage is not None:
+            add_usage(self.run_usage, self._credited_usage)
+            self._credited_usage = None
         self._tidy()
         return had_request_credit
 
@@ -415,6 +435,65 @@ class ReplayUsageLedger:
             run_usage.cost = None
             self._cost_was_unset = False
 
+
+@dataclasses.dataclass
+class _ReplayTail:
+    """The usage of the recorded model responses from each position on, over the run's unbroken recorded stretch.
+
+    Read once per run (each response priced once, as the graph will price it), so crediting the tail
+    before every replayed request costs a lookup, not a walk of the journal.
+    """
+
+    positions: list[int]
+    suffix: list[RunUsage]
+    """`suffix[i]`: the summed usage of the responses at `positions[i]` and after."""
+
+    @classmethod
+    def of(cls, run: JournalView, start: int) -> _ReplayTail:
+        positions: list[int] = []
+        usages: list[RunUsage] = []
+        position = start
+        while (entry := run.peek(position)) is not None:  # a gap is a step that runs live: the replay ends there
+            if entry.get('kind') == 'model':
+                positions.append(position)
+                usages.append(_response_usage(entry.get('payload')))
+            position += 1
+        suffix: list[RunUsage] = []
+        total = RunUsage()
+        for usage in reversed(usages):
+            total = total + usage
+            suffix.append(total)
+        suffix.reverse()
+        return cls(positions, suffix)
+
+    def from_position(self, position: int) -> RunUsage | None:
+        index = bisect.bisect_left(self.positions, position)
+        return self.suffix[index] if index < len(self.suffix) else None
+
+
+def _response_usage(payload: object) -> RunUsage:
+    """Tokens and price of a recorded model response, without decoding the rest of it; nothing if unreadable."""
+    response = payload.get('response', payload) if isinstance(payload, Mapping) else None
+    usage = RunUsage()
+    if not isinstance(response, Mapping):
+        return usage
+    try:
+        request_usage = _REQUEST_USAGE.validate_python(response.get('usage') or {})
+        priced = ModelResponse(
+            parts=[],
+            usage=request_usage,
+            model_name=response.get('model_name'),
+            provider_name=response.get('provider_name'),
+            provider_url=response.get('provider_url'),
+        )
+    except (ValueError, TypeError):
+        return usage
+    fill_replayed_cost(priced)
+    usage.incr(priced.usage)
+    return usage
+
+
+_REQUEST_USAGE: TypeAdapter[RequestUsage] = TypeAdapter(RequestUsage)
 
 _MergeMode = Literal['first', 'same-job', 'new-model', 'accumulate']
 

@@ -25,6 +25,8 @@ from pydantic_ai.tools import RunContext
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
 from pydantic_ai_durable import Durable, Journal, MemoryJournal, execution
+from pydantic_ai_durable._journal import SimulatedCrash
+from pydantic_ai_durable.testing import crash_at
 
 
 def tokens_model(calls: Calls, *, turns: int, crash_at_turn: int | None = None, name: str = 'tokens') -> FunctionModel:
@@ -182,6 +184,41 @@ async def test_j71_u7_u9_resume_at_the_limits_replays_when_everything_replays(ne
         second = await agent().run('go', usage_limits=limits)
     assert second.usage == first.usage
     assert (calls['model'], calls['tool']) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    'limits',
+    [
+        UsageLimits(input_tokens_limit=500),
+        UsageLimits(output_tokens_limit=50),
+        UsageLimits(total_tokens_limit=600),
+        UsageLimits(cost_limit=0.0015),
+    ],
+    ids=['input_tokens', 'output_tokens', 'total_tokens', 'cost'],
+)
+async def test_u7_u9_token_and_cost_limits_stop_a_free_replay_only_where_the_run_itself_stops(
+    new_journal: Any, limits: UsageLimits
+) -> None:
+    """Responses of 110, 220 and 330 tokens: only the last one takes the run over each limit."""
+    calls = Calls()
+
+    def agent() -> Agent[None, str]:
+        return working_agent(new_journal(), calls, tokens_model(calls, turns=2, name='gpt-4o'))
+
+    with pytest.raises(UsageLimitExceeded) as uninterrupted:  # where the run itself stops: after its last response
+        async with execution('uninterrupted'):
+            await agent().run('go', usage_limits=limits)
+    assert (calls['model'], calls['tool']) == (3, 2)
+
+    with pytest.raises(SimulatedCrash), crash_at(position=4, point='after_record'):  # before pydantic-ai's check
+        async with execution('limits'):
+            await agent().run('go', usage_limits=limits)
+    with pytest.raises(UsageLimitExceeded) as resumed:
+        async with execution('limits') as handle:
+            await agent().run('go', usage_limits=limits)
+    assert [step.outcome for step in handle.stats.steps] == ['replayed'] * 5  # every step replayed, for free
+    assert (calls['model'], calls['tool']) == (6, 4)
+    assert str(resumed.value).split('(')[0] == str(uninterrupted.value).split('(')[0]
 
 
 @pytest.mark.parametrize('limit', [3, 4])
