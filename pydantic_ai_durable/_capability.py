@@ -83,6 +83,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         codec=JOURNAL_CODEC,
         serialization_failure=not_journalable,
         sequential_tools_in_durable_context=False,
+        unsupported_runtime_toolset_kinds=frozenset({'function', 'mcp', 'dynamic'}),  # A-10
     )
 
     def __init__(
@@ -199,21 +200,17 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         return model
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[AgentDepsT]) -> AbstractToolset[AgentDepsT] | None:
-        """Journal the agent's leaves pydantic-ai does not run as durable units itself, then let it wrap its own (A-8).
+        """Journal the leaves pydantic-ai does not run as durable units itself, then let it wrap its own (A-8).
 
-        Only the agent's own toolsets are journaled here, as pydantic-ai wraps only those: a toolset
-        passed to one run is that run's business. A `JournaledToolset` is not visited again, so the
-        base class, which swaps in its wrappers next, never wraps inside it.
+        Every such leaf is journaled, one given to a single run included: its steps are named and
+        positioned like any other, so nothing of the run goes unjournaled (A-10). Function, dynamic and
+        MCP toolsets given at run time are refused by pydantic-ai (`unsupported_runtime_toolset_kinds`),
+        as they would bypass the durable units it registered when the agent was built. A
+        `JournaledToolset` is not visited again, so the base class never wraps inside it.
         """
-        agent = self.agent
-        if agent is None:
-            return super().get_wrapper_toolset(toolset)
-        own: set[int] = set()
-        for agent_toolset in agent.toolsets:
-            agent_toolset.apply(lambda leaf: own.add(id(leaf)))
 
         def journal(leaf: AbstractToolset[AgentDepsT]) -> AbstractToolset[AgentDepsT]:
-            if id(leaf) not in own or isinstance(leaf, (FunctionToolset, DynamicToolset)) or _is_mcp_toolset(leaf):
+            if isinstance(leaf, (FunctionToolset, DynamicToolset)) or _is_mcp_toolset(leaf):
                 return leaf
             return JournaledToolset(leaf, capability=self)
 

@@ -12,10 +12,11 @@ import pytest
 from helpers import Calls, Operator, Warehouse, responses, tool_returns
 from pydantic import TypeAdapter
 from pydantic_ai import Agent, FunctionToolset, ModelRetry, Tool
-from pydantic_ai.exceptions import ApprovalRequired, CallDeferred
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, UserError
 from pydantic_ai.messages import ModelMessage, ModelResponse, RetryPromptPart, TextPart, ToolCallPart, ToolReturn
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.tools import DeferredToolRequests
+from pydantic_ai.tools import DeferredToolRequests, RunContext
+from pydantic_ai.toolsets import DynamicToolset
 
 from pydantic_ai_durable import DiskJournal, Durable, JournalError, SecretRegistry, execution
 from pydantic_ai_durable.journals import Journal
@@ -357,20 +358,68 @@ async def test_p5_a_leaf_without_an_id_is_journaled_under_its_class_name(new_jou
     ]
 
 
-async def test_a8_a_leaf_given_to_one_run_is_not_journaled(new_journal: Any) -> None:
+# -- toolsets added at run time (A-10) ----------------------------------------------------------------
+
+
+def runtime_model(tool: str) -> FunctionModel:
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if responses(messages) == 0:
+            return ModelResponse(parts=[ToolCallPart(tool, {'item': 'a'}, tool_call_id='r1')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    return FunctionModel(model)
+
+
+@pytest.mark.parametrize('how', ['run', 'override', 'dynamic', 'decorator'])
+async def test_a10_executing_toolsets_added_at_run_time_are_refused_inside_an_execution(
+    new_journal: Any, how: str
+) -> None:
     calls = Calls()
 
     def lookup(item: str) -> str:
         calls.hit('tool')
         return f'{item}: 3'
 
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        if responses(messages) == 0:
-            return ModelResponse(parts=[ToolCallPart('lookup', {'item': 'a'}, tool_call_id='l1')])
-        return ModelResponse(parts=[TextPart('done')])
+    agent = Agent(runtime_model('lookup'), name='runtime', capabilities=[Durable(new_journal())])
+    extra = FunctionToolset([lookup], id='extra')
+    if how == 'decorator':  # registered after the agent was built
 
-    agent = Agent(FunctionModel(model), name='runtime', capabilities=[Durable(new_journal())])
-    async with execution('a8-runtime') as handle:
+        @agent.toolset(id='registered')
+        def registered(ctx: RunContext[None]) -> FunctionToolset[None]:
+            return extra
+
+    async def run() -> Any:
+        if how == 'run':
+            return await agent.run('go', toolsets=[extra])
+        if how == 'override':
+            with agent.override(toolsets=[extra]):
+                return await agent.run('go')
+        if how == 'dynamic':
+            return await agent.run('go', toolsets=[DynamicToolset(lambda ctx: extra, id='later')])
+        return await agent.run('go')
+
+    assert (await run()).output == 'done'  # outside an execution the capability is inert
+    with pytest.raises(UserError, match='cannot be added at runtime') as refused:
+        async with execution('a10-refused'):
+            await run()
+    assert 'Pass them to the agent constructor' in str(refused.value)
+    assert calls['tool'] == 1  # only the run outside the execution called it
+
+
+async def test_a10_a_custom_leaf_added_at_run_time_is_journaled(new_journal: Any) -> None:
+    calls = Calls()
+
+    def lookup(item: str) -> str:
+        calls.hit('tool')
+        return f'{item}: 3'
+
+    agent = Agent(runtime_model('lookup'), name='runtime', capabilities=[Durable(new_journal())])
+    with pytest.raises(KeyError):
+        async with execution('a10-leaf'):
+            await agent.run('go', toolsets=[Warehouse({'lookup': lookup}, id='extra')])
+            raise KeyError('after the run')
+    async with execution('a10-leaf') as handle:
         await agent.run('go', toolsets=[Warehouse({'lookup': lookup}, id='extra')])
-    assert calls['tool'] == 1
-    assert [o.kind for o in handle.stats.steps] == ['model', 'model']
+    assert calls['tool'] == 1  # replayed, never run twice
+    outcomes = [(o.kind, o.outcome) for o in handle.stats.steps]
+    assert outcomes == [('model', 'replayed'), ('tool', 'replayed'), ('model', 'replayed')]
