@@ -96,7 +96,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
             with _naming_the_tool(cast(str, cache_key[0])):
                 if active is None:
                     return await body()
-                return await self._tool_step(active, name, body, cache_key, self._decoders.get(operation_id))
+                return await self._tool_step(active, operation_id, name, body, cache_key)
         if active is None or isinstance(operation_id, ToolsetValidateToolArgumentsId):
             return await body()  # inert, or argument validation: local and free, no position (P-7)
         decode = self._decoders.get(operation_id)
@@ -164,17 +164,18 @@ class DurableBackend(JournalCallableOperationBackend[None]):
     async def _tool_step(
         self,
         active: _ActiveRun,
+        operation_id: ToolsetCallToolId,
         name: str,
         body: Callable[[], Awaitable[object]],
         cache_key: tuple[object, ...],
-        decode: Decoder | None,
     ) -> object:
         tool_name, args, ctx = cache_key[:3]
         tool = cache_key[3] if len(cache_key) > 3 else None
         tool_call_id = cast('RunContext[Any]', ctx).tool_call_id
         fingerprint = fingerprint_tool_call(cast(str, tool_name), args, tool_call_id)
-        step = active.run.claim(name, 'tool', fingerprint, replayable=tool_is_replayable(tool))
-        if replay(step, decode):
+        replayable = tool_is_replayable(tool) and not self._capability.opted_out(operation_id.toolset_id)
+        step = active.run.claim(name, 'tool', fingerprint, replayable=replayable)
+        if replay(step, self._decoders.get(operation_id)):
             if is_successful_tool_payload(step.payload):
                 active.ledger.record_tool_replay(step.position)
             return step.payload

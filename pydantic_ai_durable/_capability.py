@@ -106,6 +106,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         self.secrets = secrets if secrets is not None else SECRETS
         self._request_models: dict[tuple[int, str | None], Model] = {}
         self._backend: DurableBackend | None = None
+        self._opted_out: frozenset[str] | None = None
 
     def __repr__(self) -> str:
         return f'Durable(journal={self.journal!r}, name={self.name!r})'
@@ -198,6 +199,27 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         if model is None:
             model = self._request_models[key] = await resolve_request_model(self, model_id, ctx)
         return model
+
+    def opted_out(self, toolset_id: str | None) -> bool:
+        """Whether the agent's toolset `toolset_id` has `replayable = False`: its tools then run live every time (A-9).
+
+        Looked up on the toolsets the agent was built with, whatever their kind: pydantic-ai hands a tool
+        call only the toolset's id (a dynamic toolset's calls go to toolsets its factory makes anew).
+        """
+        if toolset_id is None or self.agent is None:
+            return False
+        opted = self._opted_out
+        if opted is None:
+            found: set[str] = set()
+
+            def note(leaf: AbstractToolset[Any]) -> None:
+                if getattr(leaf, 'replayable', True) is False and leaf.id is not None:
+                    found.add(leaf.id)
+
+            for toolset in self.agent.toolsets:
+                toolset.apply(note)
+            opted = self._opted_out = frozenset(found)
+        return toolset_id in opted
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[AgentDepsT]) -> AbstractToolset[AgentDepsT] | None:
         """Journal the leaves pydantic-ai does not run as durable units itself, then let it wrap its own (A-8).

@@ -304,7 +304,9 @@ class Run:
         step = Step(self, position, name, kind, fingerprint, replayable)
         entry = self._match(step)
         if entry is None:
-            self._previous_replayed = False
+            # M-6 (amended): a step that opted out runs live by design; it keeps its position and says
+            # nothing about the run, so the step after it is judged by what came before it.
+            self._previous_replayed = self._previous_replayed and not replayable
             self.stats.steps.append(StepOutcome(self.key, position, name, kind, 'live'))
             return step
         self.stats.steps.append(StepOutcome(self.key, position, name, kind, 'replayed'))

@@ -16,7 +16,7 @@ from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, UserError
 from pydantic_ai.messages import ModelMessage, ModelResponse, RetryPromptPart, TextPart, ToolCallPart, ToolReturn
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, RunContext
-from pydantic_ai.toolsets import DynamicToolset
+from pydantic_ai.toolsets import AbstractToolset, DynamicToolset
 
 from pydantic_ai_durable import DiskJournal, Durable, JournalError, SecretRegistry, execution
 from pydantic_ai_durable.journals import Journal
@@ -423,3 +423,80 @@ async def test_a10_a_custom_leaf_added_at_run_time_is_journaled(new_journal: Any
     assert calls['tool'] == 1  # replayed, never run twice
     outcomes = [(o.kind, o.outcome) for o in handle.stats.steps]
     assert outcomes == [('model', 'replayed'), ('tool', 'replayed'), ('model', 'replayed')]
+
+
+# -- opting out (A-9, M-6) -----------------------------------------------------------------------------
+
+
+class LiveToolset(FunctionToolset[Any]):
+    """A function toolset whose tools act on a system the journal cannot observe."""
+
+    replayable = False
+
+
+def opt_out_agent(journal: Journal, calls: Calls, kind: str, *, crash_final: bool) -> Agent[None, str]:
+    """Calls `save` and `ping` (opted out, as `kind` says) in one batch; a dynamic toolset lists before each request.
+
+    The listing after the batch is an unfingerprinted step claimed right after the opted-out call (M-5).
+    """
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.hit('model')
+        if responses(messages) == 0:
+            return ModelResponse(
+                parts=[ToolCallPart('save', {}, tool_call_id='s'), ToolCallPart('ping', {}, tool_call_id='p')]
+            )
+        if crash_final:
+            raise RuntimeError('final request crashed')
+        return ModelResponse(parts=[TextPart('done')])
+
+    def ping() -> str:
+        calls.hit('ping')
+        return 'pong'
+
+    def save() -> str:
+        calls.hit('save')
+        return 'saved'
+
+    def listing(ctx: RunContext[None]) -> FunctionToolset[None]:
+        calls.hit('listing')  # a dynamic toolset's discovery: an unfingerprinted step (M-5)
+        return FunctionToolset([save], id='saving')
+
+    if kind == 'metadata':
+        pinging: AbstractToolset[Any] = FunctionToolset(
+            [Tool(ping, metadata={'durable': {'replayable': False}})], id='p'
+        )
+    elif kind == 'function-subclass':
+        pinging = LiveToolset([ping], id='p')
+    elif kind == 'function-attribute':
+        pinging = FunctionToolset([ping], id='p')
+        pinging.replayable = False  # type: ignore[attr-defined]
+    elif kind == 'dynamic':
+        pinging = DynamicToolset(lambda ctx: FunctionToolset([ping], id='inner'), id='p')
+        pinging.replayable = False  # type: ignore[attr-defined]
+    else:
+        pinging = Warehouse({'ping': ping}, id='p', replayable=False)
+    return Agent(
+        FunctionModel(model, model_name='optout'),
+        name='optout',
+        toolsets=[pinging, DynamicToolset(listing, id='listing')],
+        capabilities=[Durable(journal)],
+    )
+
+
+@pytest.mark.parametrize('kind', ['metadata', 'function-subclass', 'function-attribute', 'dynamic', 'leaf'])
+async def test_a9_m6_an_opted_out_tool_runs_live_and_every_step_after_it_still_replays(
+    new_journal: Any, kind: str
+) -> None:
+    calls = Calls()
+    with pytest.raises(RuntimeError):
+        async with execution('a9-kinds'):
+            await opt_out_agent(new_journal(), calls, kind, crash_final=True).run('go')
+    first = dict(calls.counts)
+    async with execution('a9-kinds') as handle:
+        await opt_out_agent(new_journal(), calls, kind, crash_final=False).run('go')
+    assert calls['ping'] == 2 * first['ping'] == 2  # opted out: live on every attempt
+    assert calls['save'] == first['save'] == 1  # its sibling replayed
+    assert calls['listing'] == first['listing']  # the listing right after it replayed too (M-6)
+    live = [(o.kind, o.name.rsplit('.', 1)[-1]) for o in handle.stats.steps if o.outcome == 'live']
+    assert live == [('tool', 'call_tool:ping'), ('model', 'request')]  # the final request crashed before
