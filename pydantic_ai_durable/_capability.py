@@ -23,7 +23,7 @@ from ._backend import DurableBackend
 from ._codec import JOURNAL_CODEC, not_journalable
 from ._compat import check_private_hooks, resolve_request_model
 from ._execution import Execution, current_attempt
-from ._fingerprint import ModelFingerprinter, RequestPreparer
+from ._fingerprint import ModelFingerprinter, RequestPreparer, fingerprint_run_start
 from ._journal import Run, SimulatedCrash
 from ._leaf import JournaledToolset
 from ._ledger import ReplayUsageLedger, is_successful_tool_payload
@@ -138,7 +138,8 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         attempt = current_attempt()
         if attempt is None:
             return await handler()
-        run = await attempt.start_run(attempt.journal_for(self.journal))
+        start = fingerprint_run_start(ctx.prompt, ctx.messages, secrets=self.secrets)
+        run = await attempt.start_run(attempt.journal_for(self.journal), start=start)
         spend = RunSpend(run)
         ctx.usage.incr(spend.earlier)  # U2-2: earlier attempts' spend counts before the first limit check
         ledger = ReplayUsageLedger(run_usage=ctx.usage, usage_limits=ctx.usage_limits)

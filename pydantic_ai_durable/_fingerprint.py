@@ -26,6 +26,7 @@ import math
 import operator
 import os
 import re
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
@@ -800,6 +801,24 @@ def fingerprint_event(event: object) -> str:
     kind = getattr(event, 'event_kind', None)
     text = f'{{"event":{_canonical(kind if isinstance(kind, str) else type(event).__name__)}}}'
     return hashlib.sha256(text.encode('ascii')).hexdigest()
+
+
+def fingerprint_run_start(prompt: object, history: Sequence[ModelMessage], *, secrets: Masker | None = None) -> str:
+    """Digest of what a run is started with: its user prompt and message history (M-5).
+
+    An unfingerprinted first step has nothing verified before it but this. One that cannot be
+    computed is a digest of its own that no other attempt shares, so such a step then runs live.
+    """
+    try:
+        masked = secrets.mask(prompt) if secrets is not None else prompt
+        texts = [_render_value(masked).encode('ascii'), *_history_texts(history, secrets)]
+        hasher = hashlib.sha256(b'run-start')
+        for text in texts:
+            hasher.update(len(text).to_bytes(8, 'big'))
+            hasher.update(text)
+        return hasher.hexdigest()
+    except Exception:
+        return f'unverifiable:{uuid.uuid4().hex}'
 
 
 def fingerprint_model_request(

@@ -11,7 +11,7 @@ import pytest
 from helpers import Calls, Operator, Warehouse, responses, tool_returns, two_step_agent
 from pydantic_ai import Agent, FunctionToolset, ModelRetry
 from pydantic_ai.exceptions import UnexpectedModelBehavior
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from pydantic_ai_durable import DiskJournal, Durable, Journal, JournalError, MemoryJournal, execution
@@ -736,3 +736,40 @@ async def test_one_durable_instance_in_two_agents_journals_each_agent_under_its_
         if attempt:
             assert handle.stats.replayed['model'] == 4 and handle.stats.replayed['tool'] == 2
     assert {name: (c['model'], c['tool']) for name, c in calls.items()} == {'alpha': (2, 1), 'beta': (2, 1)}
+
+
+# -- M-5: an unverifiable first request --------------------------------------------------------------
+
+
+async def test_m5_an_unverifiable_first_request_replays_only_for_the_same_prompt(
+    new_journal: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls = Calls()
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.hit('model')
+        prompt = next(part.content for part in messages[0].parts if isinstance(part, UserPromptPart))
+        return ModelResponse(parts=[TextPart(f'answer to {prompt}')])
+
+    def agent() -> Agent[None, str]:
+        return Agent(
+            FunctionModel(model, model_name='echo'),
+            name='echo',
+            model_settings={'extra_body': {'handle': object()}},  # cannot be fingerprinted: every request is None
+            capabilities=[Durable(new_journal())],
+        )
+
+    with pytest.raises(KeyError):
+        async with execution('m5-prompt'):
+            assert (await agent().run('prompt A')).output == 'answer to prompt A'
+            raise KeyError('after the run')
+    async with execution('m5-prompt'):
+        assert (await agent().run('prompt B')).output == 'answer to prompt B'  # never A's answer
+    assert calls['model'] == 2
+    with pytest.raises(KeyError):
+        async with execution('m5-same'):
+            await agent().run('prompt A')
+            raise KeyError('after the run')
+    async with execution('m5-same') as handle:
+        assert (await agent().run('prompt A')).output == 'answer to prompt A'
+    assert handle.stats.replayed['model'] == 1  # started alike: the unverifiable request still replays
