@@ -131,6 +131,8 @@ class Step:
     replayable: bool = True
     replayed: bool = False
     payload: Any = None
+    redacted: bool = False
+    """The entry at this position holds only a redacted copy of the result (secrets masked), so it runs live (K-8)."""
 
     @contextmanager
     def executing(self) -> Iterator[None]:
@@ -304,9 +306,9 @@ class Run:
         step = Step(self, position, name, kind, fingerprint, replayable)
         entry = self._match(step)
         if entry is None:
-            # M-6 (amended): a step that opted out runs live by design; it keeps its position and says
-            # nothing about the run, so the step after it is judged by what came before it (A-9).
-            self._previous_replayed = self._previous_replayed and not replayable
+            # M-6 (amended): a step that opted out, or whose record cannot stand in for its result, runs live
+            # by design; it says nothing about the run, so the step after it is judged by what came before.
+            self._previous_replayed = self._previous_replayed and (not replayable or step.redacted)
             self.stats.steps.append(StepOutcome(self.key, position, name, kind, 'live'))
             return step
         self.stats.steps.append(StepOutcome(self.key, position, name, kind, 'replayed'))
@@ -342,6 +344,9 @@ class Run:
             return None  # M-5: unverifiable and not chained to a verified replay
         if 'unjournalable' in entry:
             self._honour_fence(step, entry)
+            return None
+        if entry.get('redacted') is True:
+            step.redacted = True  # K-8: handing `***` back would feed it to the next live call
             return None
         return entry
 
@@ -426,7 +431,10 @@ class Run:
         if spend is not None:
             entry['usage'] = spend
         try:
-            entry['payload'] = to_record(payload) if to_record is not None else payload
+            recorded = to_record(payload) if to_record is not None else payload
+            entry['payload'] = recorded
+            if recorded is not payload:  # `to_record` hands back the very value when it changes nothing
+                entry['redacted'] = True
         except Exception as exc:  # masking failed: the result cannot be journaled as it must be
             log.debug('preparing the record of step %d failed: %r', step.position, exc)
             saved = False

@@ -132,3 +132,48 @@ async def test_cm3_nested_calls_that_replay_pass_the_tool_calls_limit(new_journa
     assert second.output == first.output
     assert second.usage == first.usage
     assert calls['model'] == 2
+
+
+def secret_agent(journal: Any, calls: Calls, registry: Any) -> Agent[None, str]:
+    """A snippet reads a password with one tool and hands it to another: `connect` must get the real one."""
+    code = 'password = await read_password()\nawait connect(password=password)'
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.hit('model')
+        if responses(messages) == 0:
+            return ModelResponse(parts=[ToolCallPart('run_code', {'code': code}, tool_call_id='rc1')])
+        return ModelResponse(parts=[TextPart(f'result {tool_returns(messages)[-1].content}')])
+
+    def read_password() -> str:
+        calls.hit('read_password')
+        return 'hunter2-secret'
+
+    def connect(password: str) -> str:
+        calls.hit(f'connect {password}')
+        return 'connected' if password == 'hunter2-secret' else 'refused'
+
+    return Agent(
+        FunctionModel(model, model_name='coder'),
+        name='coder',
+        toolsets=[FunctionToolset([read_password, connect], id='tools')],
+        capabilities=[code_mode.CodeMode(id='cm'), Durable(journal, secrets=registry)],
+    )
+
+
+async def test_k7_a_masked_result_is_never_replayed_into_a_live_call(new_journal: Any) -> None:
+    from pydantic_ai_durable import SecretRegistry
+
+    registry = SecretRegistry()
+    registry.register('hunter2-secret')
+    calls = Calls()
+    with pytest.raises(SimulatedCrash):
+        async with execution('cm-secret'):
+            with crash_at(kind='tool', nth=1, point='after_record'):  # read_password recorded, connect not yet
+                await secret_agent(new_journal(), calls, registry).run('connect')
+    snapshot = await new_journal().read_run('cm-secret', '0')
+    assert 'hunter2-secret' not in str(snapshot.entries)  # the journal never holds it
+    async with execution('cm-secret'):
+        result = await secret_agent(new_journal(), calls, registry).run('connect')
+    assert calls['connect ***'] == 0  # the live call got the real password
+    assert calls['connect hunter2-secret'] == 1
+    assert 'connected' in result.output

@@ -390,16 +390,34 @@ async def test_w4_b22_to_record_transforms_only_the_stored_copy(backend_journal:
         return {**value, 'password': '***'}
 
     assert await step.record(live, to_record=mask) is True
+    assert await run.claim('next', 'other', None).record('after the login')
     await first.finish(None)
 
     assert seen == [{'password': 'secret', 'user': 'ann'}]
     assert live == {'password': 'secret', 'user': 'ann'}  # the caller's value is unchanged
     assert (await j.read_run(KEY, '0')).entries[0]['payload'] == {'password': '***', 'user': 'ann'}
+    assert (await j.read_run(KEY, '0')).entries[0]['redacted'] is True
     second = make_attempt(j)
     run = await second.start_run(j)
-    replayed = run.claim('login', 'tool', 'fp')
+    again = run.claim('login', 'tool', 'fp')
+    after = run.claim('next', 'other', None)
     await second.finish(None)
-    assert replayed.replayed and replayed.payload == {'password': '***', 'user': 'ann'}
+    assert not again.replayed and again.redacted  # K-8: a redacted copy never stands in for the result
+    assert after.replayed  # and the unfingerprinted step after it still replays (M-6)
+    assert not run.diverged
+
+
+async def test_w4_k8_an_unchanged_value_is_recorded_as_it_is_and_replays(backend_journal: Journal) -> None:
+    j = backend_journal
+    first = make_attempt(j)
+    run = await first.start_run(j)
+    assert await run.claim('lookup', 'tool', 'fp').record({'user': 'ann'}, to_record=lambda value: value)
+    await first.finish(None)
+    assert 'redacted' not in (await j.read_run(KEY, '0')).entries[0]
+    second = make_attempt(j)
+    run = await second.start_run(j)
+    assert run.claim('lookup', 'tool', 'fp').replayed
+    await second.finish(None)
 
 
 async def test_w1_entry_holds_version_name_kind_fingerprint_and_payload(backend_journal: Journal) -> None:

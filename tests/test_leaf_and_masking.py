@@ -246,7 +246,9 @@ async def all_entries(journal: Journal, key: str) -> list[dict[str, Any]]:
     return list((await journal.read_run(key, '0')).entries.values())
 
 
-async def test_h58_k7_secrets_never_reach_the_journal_and_the_next_step_still_replays(new_journal: Any) -> None:
+async def test_h58_k7_k8_secrets_never_reach_the_journal_their_tools_rerun_and_the_model_steps_replay(
+    new_journal: Any,
+) -> None:
     secret = f'S-{uuid.uuid4().hex}'
     secrets = SecretRegistry()
     secrets.register(secret)
@@ -287,8 +289,10 @@ async def test_h58_k7_secrets_never_reach_the_journal_and_the_next_step_still_re
     assert tool_payloads[1]['result'] == {'user': 'ann', 'token': ['***', {'nested': 'x***y'}]}
     async with execution('h58') as handle:
         assert (await agent(False).run('log in')).output == 'logged in'
-    assert handle.stats.replayed == {'model': 2, 'tool': 2}  # the masked history still matches
-    assert calls['login'] == 1
+    assert handle.stats.replayed == {'model': 2}  # the masked history still matches
+    # K-8: the journal holds only `***` of their results, which must never reach a live call: they run again
+    assert calls['login'] == 2
+    assert [o.name.rsplit(':', 1)[-1] for o in handle.stats.steps if o.outcome == 'live'][:2] == ['login', 'whoami']
 
 
 async def test_k7_secret_in_tool_results_args_and_model_text_never_in_what_tools_returned(new_journal: Any) -> None:
