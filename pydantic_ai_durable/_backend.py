@@ -33,7 +33,7 @@ from ._errors import JournalError, ResultNotJournalable
 from ._fingerprint import fingerprint_event, fingerprint_tool_call
 from ._journal import Step
 from ._ledger import is_successful_tool_payload
-from ._usage import without_operation_usage
+from ._usage import NestedUsage, without_operation_usage
 
 if TYPE_CHECKING:
     from ._capability import Durable, _ActiveRun
@@ -180,12 +180,13 @@ class DurableBackend(JournalCallableOperationBackend[None]):
                 active.ledger.record_tool_replay(step.position)
             return step.payload
         active.ledger.record_live_tool_call(step.position)  # re-checks a credited limit before the side effect
-        return await run_live(
-            step,
-            body,
-            to_record=active.mask,
-            spend=active.tool_spend,
-        )
+        nested = NestedUsage(ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
+        try:
+            return await run_live(
+                step, body, to_record=active.mask, spend=lambda payload: active.tool_spend(payload, nested)
+            )
+        finally:
+            nested.restore()
 
 
 @contextmanager

@@ -28,7 +28,7 @@ from ._journal import Run, SimulatedCrash
 from ._leaf import JournaledToolset
 from ._ledger import ReplayUsageLedger, is_successful_tool_payload
 from ._masking import SECRETS, SecretRegistry
-from ._usage import RunSpend
+from ._usage import NestedUsage, RunSpend
 from .journals._protocol import Journal
 
 __all__ = ('Durable',)
@@ -58,9 +58,9 @@ class _ActiveRun:
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)
 
-    def tool_spend(self, payload: object) -> dict[str, Any] | None:
-        """Count a finished live tool call (pydantic-ai counts only successful ones, U-4)."""
-        return self.spend.tool_call_finished(is_successful_tool_payload(payload))
+    def tool_spend(self, payload: object, nested: NestedUsage | None = None) -> dict[str, Any] | None:
+        """Count a finished live tool call (pydantic-ai counts only successful ones, U-4) and its nested usage."""
+        return self.spend.tool_call_finished(is_successful_tool_payload(payload), nested)
 
 
 _ACTIVE_RUNS: ContextVar[Mapping[int, _ActiveRun] | None] = ContextVar('pydantic_ai_durable.active_runs', default=None)

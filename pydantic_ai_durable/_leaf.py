@@ -7,6 +7,7 @@ and such toolsets are often the side-effecting ones, so `Durable` wraps them in 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from ._backend import replay, run_live
 from ._fingerprint import fingerprint_tool_call
 from ._ledger import is_successful_tool_payload
 from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode, decode_payload, is_replayable_payload
+from ._usage import NestedUsage
 
 if TYPE_CHECKING:
     from ._capability import Durable
@@ -63,25 +65,27 @@ class JournaledToolset(WrapperToolset[AgentDepsT]):
         fingerprint = fingerprint_tool_call(name, tool_args, ctx.tool_call_id)
         step = active.run.claim(self.step_name(name), 'tool', fingerprint, replayable=replayable)
         live: list[object] = []
-
-        async def body() -> object:
-            outcome, payload = await call_and_encode(
-                lambda: self.wrapped.call_tool(name, tool_args, ctx, tool), tool_name=name
-            )
-            live.append(outcome)
-            return payload
-
         if replay(step, _check_replayable):
             if is_successful_tool_payload(step.payload):
                 active.ledger.record_tool_replay(step.position)
             return decode_payload(step.payload)  # values are returned, control-flow signals raised (T-5)
         active.ledger.record_live_tool_call(step.position)
-        await run_live(
-            step,
-            body,
-            to_record=active.mask,
-            spend=active.tool_spend,
-        )
+        call_ctx = dataclasses.replace(ctx)  # this call's own context, whose usage NestedUsage swaps
+        nested = NestedUsage(call_ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
+
+        async def body() -> object:
+            outcome, payload = await call_and_encode(
+                lambda: self.wrapped.call_tool(name, tool_args, call_ctx, tool), tool_name=name
+            )
+            live.append(outcome)
+            return payload
+
+        try:
+            await run_live(
+                step, body, to_record=active.mask, spend=lambda payload: active.tool_spend(payload, nested)
+            )
+        finally:
+            nested.restore()
         outcome = live[0]
         if isinstance(outcome, CONTROL_FLOW_EXCEPTIONS):
             raise outcome

@@ -158,9 +158,55 @@ class RunSpend:
         self.attempt.incr(delta)
         return self.snapshot()
 
-    def tool_call_finished(self, successful: bool) -> dict[str, Any] | None:
-        """Count a successful tool call; returns the snapshot to store with its entry, if anything changed."""
-        if not successful:
+    def tool_call_finished(self, successful: bool, nested: NestedUsage | None = None) -> dict[str, Any] | None:
+        """Count a successful tool call, and what its body spent through its run context (U2-4).
+
+        Returns the snapshot to store with its entry, if anything changed.
+        """
+        spent = nested.settle() if nested is not None else None
+        if not successful and spent is None:
             return None
-        self.attempt.tool_calls += 1
+        if successful:
+            self.attempt.tool_calls += 1
         return self.snapshot()
+
+
+def _copy_usage(usage: RunUsage) -> RunUsage:
+    return dataclasses.replace(usage, details=dict(usage.details))
+
+
+class NestedUsage:
+    """What a live step's body spends through its run context: a delegate agent run with `usage=ctx.usage` (U2-4).
+
+    The body gets a run context whose usage is a copy of the run's, so it reads the run's totals (a
+    delegate's limits still count them) while what it adds can be told apart from what the run's own
+    steps add meanwhile (parallel siblings). The addition goes into the run's usage, as it would have,
+    and into its persisted live spend, so a replay, which does not run the body, still counts it.
+    """
+
+    def __init__(self, ctx: Any, spend: RunSpend) -> None:
+        self._ctx = ctx
+        self._run_usage: RunUsage = ctx.usage
+        self._start = _copy_usage(self._run_usage)
+        self._own = _copy_usage(self._run_usage)
+        self._spend = spend
+        self._settled = False
+        ctx.usage = self._own
+
+    def settle(self) -> RunUsage | None:
+        """Hand what the body added to the run (once); returns it, or `None` when it added nothing."""
+        if self._settled:
+            return None
+        self._settled = True
+        added = _copy_usage(self._own)
+        subtract_usage(added, self._start)
+        if not (added.has_values() or added.requests or added.tool_calls):
+            return None
+        self._run_usage.incr(added)
+        self._spend.attempt.incr(added)
+        return added
+
+    def restore(self) -> None:
+        """Settle, and give the context its run's usage back."""
+        self.settle()
+        self._ctx.usage = self._run_usage
