@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic_ai.agent import EventStreamHandler
-from pydantic_ai.capabilities import WrapRunHandler
+from pydantic_ai.capabilities import WrapOutputProcessHandler, WrapRunHandler
 from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec
 from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.output import OutputContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import AgentDepsT, RunContext
@@ -28,6 +29,7 @@ from ._journal import Run, SimulatedCrash
 from ._leaf import JournaledToolset
 from ._ledger import ReplayUsageLedger, is_successful_tool_payload
 from ._masking import SECRETS, SecretRegistry
+from ._output import journal_output_process
 from ._usage import NestedUsage, RunSpend
 from .journals._protocol import Journal
 
@@ -200,6 +202,20 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         if model is None:
             model = self._request_models[key] = await resolve_request_model(self, model_id, ctx)
         return model
+
+    async def wrap_output_process(
+        self,
+        ctx: RunContext[AgentDepsT],
+        *,
+        output_context: OutputContext,
+        output: Any,
+        handler: WrapOutputProcessHandler,
+    ) -> Any:
+        """Journal output processing that calls an output function, so a replay does not call it again (A-11)."""
+        active = self._active_run()
+        if active is None or not output_context.has_function or ctx.partial_output or self.agent is None:
+            return await handler(output)  # streaming partials are not the result: only the final one is a step
+        return await journal_output_process(active, self.name, self.agent.output_type, output_context, output, handler)
 
     def opted_out(self, toolset_id: str | None) -> bool:
         """Whether the agent's toolset `toolset_id` has `replayable = False`: its tools then run live every time (A-9).

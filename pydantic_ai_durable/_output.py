@@ -1,0 +1,131 @@
+"""Output functions as journal steps (SPEC A-11): `ToolOutput(func)`, `TextOutput(func)` and their validators.
+
+pydantic-ai calls an output function in the agent loop, outside any durable unit, so without this a
+replayed run would call it again, and output functions often act (file a ticket, send the answer on).
+The step records the function's result (or the retry it asked for) and a replay hands it back typed
+as the function returns it, which is why the function must be found in the agent's output spec.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import typing
+from collections.abc import Awaitable, Callable, Sequence
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter
+from pydantic_ai.output import OutputContext
+
+from ._backend import replay, run_live
+from ._fingerprint import fingerprint_tool_call
+from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode, decode_payload, is_replayable_payload
+
+if TYPE_CHECKING:
+    from ._capability import _ActiveRun
+
+__all__ = ('journal_output_process',)
+
+log = logging.getLogger('pydantic_ai_durable')
+
+_warned: set[str] = set()
+
+
+def _functions(spec: object) -> list[Callable[..., Any]]:
+    """Every output function an output spec names (`ToolOutput`, `TextOutput`, `NativeOutput`, lists of them)."""
+    if isinstance(spec, (str, bytes, type)):
+        return []
+    if isinstance(spec, Sequence):
+        return [function for item in spec for function in _functions(item)]
+    if inspect.isfunction(spec) or inspect.ismethod(spec):
+        return [spec]
+    found: list[Callable[..., Any]] = []
+    for attribute in ('output', 'output_function', 'outputs'):
+        inner = getattr(spec, attribute, None)
+        if inner is not None and inner is not spec:
+            found += _functions(inner)
+    return found
+
+
+@cache
+def _result_adapter(function: Callable[..., Any]) -> TypeAdapter[Any] | None:
+    """The adapter that turns a recorded result back into what `function` returns; `None` if unannotated."""
+    try:
+        returned = typing.get_type_hints(function).get('return', inspect.Signature.empty)
+    except Exception:
+        return None
+    if returned is inspect.Signature.empty:
+        return None
+    origin = typing.get_origin(returned)
+    if origin is not None and getattr(origin, '__name__', '') in ('Awaitable', 'Coroutine'):
+        returned = typing.get_args(returned)[-1]
+    return TypeAdapter(returned)
+
+
+def _find(output_type: object, name: str) -> Callable[..., Any] | None:
+    for function in _functions(output_type):
+        if getattr(function, '__name__', None) == name:
+            return function
+    return None
+
+
+def _check_replayable(payload: object) -> None:
+    if not is_replayable_payload(payload):
+        raise ValueError('recorded output payload has an unknown shape')
+
+
+async def journal_output_process(
+    active: _ActiveRun,
+    agent_name: str,
+    output_type: object,
+    output_context: OutputContext,
+    output: Any,
+    handler: Callable[[Any], Awaitable[Any]],
+) -> Any:
+    """Run output processing as a step when it calls an output function; replay its recorded result."""
+    name = output_context.function_name
+    function = _find(output_type, name) if name else None
+    adapter = _result_adapter(function) if function is not None else None
+    if name is None or adapter is None:
+        what = name or 'an output function dispatched by type'
+        if what not in _warned:
+            _warned.add(what)
+            log.warning(
+                'Output function %s is not journaled: %s, so a replay could not hand back its result as the '
+                'type it returns. It runs again on every attempt; give it a return annotation (and pass it to '
+                'the Agent, not to run()) to journal it.',
+                what,
+                'its return type is not annotated' if function is not None else 'it is not in the agent output_type',
+            )
+        return await handler(output)
+    tool_call = output_context.tool_call
+    fingerprint = fingerprint_tool_call(name, output, tool_call.tool_call_id if tool_call is not None else None)
+    step = active.run.claim(f'{agent_name}__output_function.call:{name}', 'tool', fingerprint)
+    if replay(step, lambda payload: _check_loadable(payload, adapter)):
+        return _decode(step.payload, adapter)  # a recorded retry is raised again (T-5)
+    live: list[object] = []
+
+    async def body() -> object:
+        outcome, payload = await call_and_encode(lambda: handler(output), tool_name=name)
+        live.append(outcome)
+        return payload
+
+    await run_live(step, body, to_record=active.mask)
+    outcome = live[0]
+    if isinstance(outcome, CONTROL_FLOW_EXCEPTIONS):
+        raise outcome
+    return outcome
+
+
+def _check_loadable(payload: object, adapter: TypeAdapter[Any]) -> None:
+    """Reject a recorded result that no longer validates as the function's return type (X-1)."""
+    _check_replayable(payload)
+    assert isinstance(payload, dict)
+    if payload.get('kind') == 'tool_return' and 'result' in payload:
+        adapter.validate_python(payload['result'])  # a ValidationError is a ValueError: rejected, runs live
+
+
+def _decode(payload: object, adapter: TypeAdapter[Any]) -> Any:
+    """The recorded result as the function's return type, or the recorded control-flow signal raised again."""
+    return adapter.validate_python(decode_payload(payload))
