@@ -81,7 +81,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
     engine_spec: ClassVar[DurabilityEngineSpec] = DurabilityEngineSpec(
         engine_name='Durable',
         durable_unit_noun='step',
-        durable_container_noun='execution',
+        durable_container_noun='journaled execution',  # pydantic-ai writes "inside a {noun}"
         codec=JOURNAL_CODEC,
         serialization_failure=not_journalable,
         sequential_tools_in_durable_context=False,

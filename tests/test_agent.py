@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from helpers import Calls, Operator, Warehouse, responses, tool_returns, two_step_agent
 from pydantic_ai import Agent, FunctionToolset, ModelRetry
-from pydantic_ai.exceptions import UnexpectedModelBehavior
+from pydantic_ai.exceptions import UnexpectedModelBehavior, UserError
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -773,3 +773,15 @@ async def test_m5_an_unverifiable_first_request_replays_only_for_the_same_prompt
     async with execution('m5-same') as handle:
         assert (await agent().run('prompt A')).output == 'answer to prompt A'
     assert handle.stats.replayed['model'] == 1  # started alike: the unverifiable request still replays
+
+
+async def test_a1_pydantic_ai_messages_name_the_execution_in_good_english() -> None:
+    from pydantic_ai.models.test import TestModel
+
+    agent = Agent(TestModel(), name='words', capabilities=[Durable()])
+    with pytest.raises(UserError) as refused:
+        async with execution('words', journal=MemoryJournal()):
+            await agent.run('go', model=TestModel(custom_output_text='another instance'))
+    message = str(refused.value)
+    assert 'inside a journaled execution' in message, message
+    assert 'a execution' not in message
