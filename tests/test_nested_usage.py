@@ -14,9 +14,9 @@ import pytest
 from pydantic_ai import Agent, FunctionToolset, RunContext
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
 from pydantic_ai.models import ModelRequestContext
-from pydantic_ai.usage import RequestUsage, RunUsage
+from pydantic_ai.usage import RunUsage
 
-from pydantic_ai_durable import Durable, Journal, execution
+from pydantic_ai_durable import Durable, Journal
 from pydantic_ai_durable.testing import ScriptedModel, SideEffects, ToolCall, assert_replays, crash_everywhere
 
 effects = SideEffects()
@@ -103,7 +103,7 @@ async def test_u2_4_a_replayed_parent_counts_the_usage_of_work_nested_in_its_ste
     journal: Journal, scenario: Any
 ) -> None:
     uninterrupted = await scenario()  # outside an execution: what the run really spends
-    output, usage = uninterrupted
+    _output, usage = uninterrupted
     assert usage.requests == 4  # the parent's two and the delegate's two
     report = await assert_replays(scenario, journal=journal)
     assert report.first == uninterrupted
