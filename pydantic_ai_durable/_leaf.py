@@ -81,9 +81,7 @@ class JournaledToolset(WrapperToolset[AgentDepsT]):
             return payload
 
         try:
-            await run_live(
-                step, body, to_record=active.mask, spend=lambda payload: active.tool_spend(payload, nested)
-            )
+            await run_live(step, body, to_record=active.mask, spend=lambda payload: active.tool_spend(payload, nested))
         finally:
             nested.restore()
         outcome = live[0]
