@@ -30,7 +30,16 @@ from typing import Any, NoReturn
 
 import pytest
 
-__all__ = ['crashable_server', 'drop_schema', 'fresh_schema', 'in_ci', 'postgres_dsn', 'put_raw', 'server_dsn']
+__all__ = [
+    'ConnectCounter',
+    'crashable_server',
+    'drop_schema',
+    'fresh_schema',
+    'in_ci',
+    'postgres_dsn',
+    'put_raw',
+    'server_dsn',
+]
 
 DSN_VARIABLE = 'PYDANTIC_AI_DURABLE_PG_DSN'
 HOW_TO_ENABLE = (
@@ -260,3 +269,17 @@ def crashable_server() -> Iterator[_Server]:
         yield server
     finally:
         server.stop()
+
+
+class ConnectCounter:
+    """Counts the connections a `PostgresJournal` opens (by wrapping its `_connect`)."""
+
+    def __init__(self, journal: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real_connect = journal._connect
+
+        async def counting_connect() -> Any:
+            self.count += 1
+            return await real_connect()
+
+        monkeypatch.setattr(journal, '_connect', counting_connect)

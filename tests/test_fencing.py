@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from helpers import Calls, two_step_agent
-from pg import fresh_schema
+from pg import ConnectCounter, fresh_schema
 
 from pydantic_ai_durable import DiskJournal, ExecutionBusy, Journal, LeaseLost, PostgresJournal, execution
 from pydantic_ai_durable._cli import main as cli_main
@@ -379,18 +379,10 @@ def test_b13_delete_without_force_refuses_a_running_execution_even_when_its_stat
 async def test_b14_the_lease_renewer_keeps_one_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     dsn, schema = fresh_schema()
     journal = PostgresJournal(dsn, schema=schema)
-    connects = 0
-    real_connect = journal._connect
-
-    async def counting_connect() -> Any:
-        nonlocal connects
-        connects += 1
-        return await real_connect()
-
-    monkeypatch.setattr(journal, '_connect', counting_connect)
+    connects = ConnectCounter(journal, monkeypatch)
     calls = Calls()
     async with execution('renewals', journal=journal, lease_ttl=0.3):  # a renewal every 0.1 s
         await asyncio.sleep(1.5)
         await two_step_agent(None, calls).run('q')
-    assert connects == 2  # this loop's and the lease thread's, however many renewals
+    assert connects.count == 2  # this loop's and the lease thread's, however many renewals
     await journal.close()

@@ -174,45 +174,6 @@ async def test_g56_a9_non_replayable_leaf_runs_live_and_keeps_its_position(new_j
     assert [o.position for o in handle.stats.steps] == [0, 1, 2]
 
 
-async def test_a9_function_tool_metadata_opts_out_of_replay(new_journal: Any) -> None:
-    calls = Calls()
-
-    def agent(crash_final: bool) -> Agent[None, str]:
-        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-            calls.hit('model')
-            if responses(messages) == 0:
-                return ModelResponse(
-                    parts=[ToolCallPart('ping', {}, tool_call_id='p'), ToolCallPart('save', {}, tool_call_id='s')]
-                )
-            if crash_final:
-                raise RuntimeError('final request crashed')
-            return ModelResponse(parts=[TextPart('done')])
-
-        def ping() -> str:
-            calls.hit('ping')
-            return 'pong'
-
-        def save() -> str:
-            calls.hit('save')
-            return 'saved'
-
-        tools = [Tool(ping, metadata={'durable': {'replayable': False}}), Tool(save)]
-        return Agent(
-            FunctionModel(model, model_name='optout'),
-            name='optout',
-            toolsets=[FunctionToolset(tools, id='t')],
-            capabilities=[Durable(new_journal())],
-        )
-
-    with pytest.raises(RuntimeError):
-        async with execution('a9-optout'):
-            await agent(True).run('go')
-    async with execution('a9-optout') as handle:
-        await agent(False).run('go')
-    assert (calls['ping'], calls['save']) == (2, 1)
-    assert handle.stats.replayed == {'model': 1, 'tool': 1}
-
-
 async def test_g51_t4_leaf_result_that_is_not_json_fails_with_journal_error(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(JournalError, match='not JSON-serializable') as raised:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from helpers import Operator
-from pg import drop_schema, fresh_schema, in_ci, postgres_dsn, put_raw  # noqa: F401  (postgres_dsn is a fixture)
+from pg import ConnectCounter, drop_schema, fresh_schema, in_ci, postgres_dsn, put_raw  # noqa: F401  (postgres_dsn is a fixture)
 
 try:
     import psycopg
@@ -483,24 +483,19 @@ def test_b8_calls_from_several_event_loops_and_threads(postgres_dsn: str) -> Non
         drop_schema(dsn, schema)
 
 
-async def test_b8_many_tasks_of_one_loop_share_its_connection(postgres_dsn: str) -> None:  # noqa: F811
+async def test_b8_many_tasks_of_one_loop_share_its_connection(
+    postgres_dsn: str,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     dsn, schema = fresh_schema()
     name = f'pad-tasks-{uuid.uuid4().hex[:8]}'
     journal = PostgresJournal(make_conninfo(dsn, application_name=name), schema=schema)
-    connects = 0
-    real_connect = journal._connect
-
-    async def counting_connect() -> Any:
-        nonlocal connects
-        connects += 1
-        return await real_connect()
-
-    journal._connect = counting_connect  # type: ignore[method-assign]
+    connects = ConnectCounter(journal, monkeypatch)
     try:
         e = await epoch_of(journal)
         results = await asyncio.gather(*(journal.write_entry(KEY, '0', p, entry(p), epoch=e) for p in range(40)))
         assert all(results)
-        assert connects == 1  # the first caller connects; the others wait for it
+        assert connects.count == 1  # the first caller connects; the others wait for it
         assert len((await journal.read_run(KEY, '0')).entries) == 40
         assert await asyncio.to_thread(_backends, dsn, name) == 1
     finally:
