@@ -29,6 +29,7 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
 from ._codec import LIVE_RESULTS
+from ._discovery import is_discovery, verify_listing
 from ._errors import JournalError, ResultNotJournalable
 from ._fingerprint import fingerprint_event, fingerprint_tool_call
 from ._journal import Step
@@ -108,6 +109,8 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         step = active.run.claim(name, 'other', fingerprint)
         operation = isinstance(operation_id, CapabilityOperationId)
         if replay(step, decode):
+            if is_discovery(operation_id):
+                return await verify_listing(step, operation_id, body)  # DV-1
             return without_operation_usage(step.payload) if operation else step.payload  # U-16
         return await run_live(step, body, spend=active.spend.operation_finished if operation else None)
 

@@ -164,9 +164,9 @@ class Step:
         """Note that the body raised; see `Run.note_error`."""
         self.run.note_error(self, error)
 
-    def reject(self) -> None:
-        """Undo a replay whose payload no longer decodes; see `Run.reject`."""
-        self.run.reject(self)
+    def reject(self, reason: str = 'recorded result no longer loads') -> None:
+        """Undo a replay whose payload no longer decodes, or no longer holds (DV-1); see `Run.reject`."""
+        self.run.reject(self, reason)
 
 
 def _parse_entry(value: Any) -> dict[str, Any] | None:
@@ -392,8 +392,8 @@ class Run:
             return None
         return self._entries.get(position)
 
-    def reject(self, step: Step) -> None:
-        """Turn a replayed step live because its payload no longer decodes (X-2); no-op otherwise (X-3)."""
+    def reject(self, step: Step, reason: str = 'recorded result no longer loads') -> None:
+        """Turn a replayed step live: its payload no longer decodes (X-2) or no longer holds (DV-1); else a no-op (X-3)."""
         if not step.replayed:
             return
         step.replayed = False
@@ -404,7 +404,7 @@ class Run:
             outcome if (old.run, old.position) == (self.key, step.position) else old for old in self.stats.steps
         ]
         self._previous_replayed = False
-        self._diverge(step, 'recorded result no longer loads')
+        self._diverge(step, reason)
 
     # -- recording -------------------------------------------------------------------------------
 
