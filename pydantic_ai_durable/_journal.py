@@ -393,7 +393,7 @@ class Run:
         return self._entries.get(position)
 
     def reject(self, step: Step, reason: str = 'recorded result no longer loads') -> None:
-        """Turn a replayed step live: its payload no longer decodes (X-2) or no longer holds (DV-1); else a no-op (X-3)."""
+        """Turn a replayed step live: its payload no longer loads (X-2) or no longer holds (DV-1); else no-op (X-3)."""
         if not step.replayed:
             return
         step.replayed = False
