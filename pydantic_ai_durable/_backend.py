@@ -34,6 +34,7 @@ from ._errors import JournalError, ResultNotJournalable
 from ._fingerprint import fingerprint_event, fingerprint_tool_call
 from ._journal import Step
 from ._ledger import is_successful_tool_payload
+from ._tracing import replayed, traced
 from ._usage import NestedUsage, without_operation_usage
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         if replay(step, decode):
             if is_discovery(operation_id):
                 return await verify_listing(step, operation_id, body)  # DV-1
+            replayed(step)
             return without_operation_usage(step.payload) if operation else step.payload  # U-16
         return await run_live(step, body, spend=active.spend.operation_finished if operation else None)
 
@@ -143,6 +145,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
             ledger.track_chain(response, params)
             if response.state != 'suspended':
                 ledger.credit_successors(active.run, step.position)
+            replayed(step)
             return step.payload
         step.reject()  # a no-op unless a replayed payload no longer loads (X-1, X-3)
         ledger.record_live_model_request(had_request_credit=had_credit)  # may stop the request (U-13)
@@ -181,6 +184,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         if replay(step, self._decoders.get(operation_id)):
             if is_successful_tool_payload(step.payload):
                 active.ledger.record_tool_replay(step.position)
+            replayed(step)
             return step.payload
         active.ledger.record_live_tool_call(step.position)  # re-checks a credited limit before the side effect
         nested = NestedUsage(ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
@@ -247,7 +251,7 @@ async def run_live(
     """
     await step.start()  # stops here if the attempt lost its lease or its journal (B-10, JF-2)
     try:
-        with step.executing():
+        with step.executing(), traced(step):
             payload = await body()
         step.reached('after_body')
     except BaseException as exc:

@@ -30,6 +30,7 @@ from ._leaf import JournaledToolset
 from ._ledger import ReplayUsageLedger, is_successful_tool_payload
 from ._masking import SECRETS, SecretRegistry
 from ._output import journal_output_process
+from ._tracing import traced_run
 from ._usage import NestedUsage, RunSpend
 from .journals._protocol import Journal
 
@@ -152,7 +153,8 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         ledger.credit_first_replay(run)
         token = _ACTIVE_RUNS.set({**(_ACTIVE_RUNS.get() or {}), id(self): active})
         try:
-            result = await handler()
+            with traced_run(run, ctx.capabilities, lambda: spend.attempt):
+                result = await handler()
         except SimulatedCrash:
             raise  # stands for a process death, which writes nothing (F-1)
         except BaseException as error:

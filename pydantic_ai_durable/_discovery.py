@@ -15,6 +15,7 @@ from typing import Any
 from pydantic_ai.durable_exec import DurableOperationId, ToolsetGetInstructionsId, ToolsetGetToolsId
 
 from ._journal import Step
+from ._tracing import traced
 
 __all__ = ('is_discovery', 'verify_listing')
 
@@ -48,14 +49,16 @@ async def verify_listing(
     """
     await step.run.attempt.ensure(step.run.state)  # B-10, JF-2: a stale attempt lists nothing
     try:
-        with step.executing():
+        with step.executing(), traced(step):  # described once the comparison decided replayed or live
             listed = await body()
+            unchanged = _canonical(listed) == _canonical(step.payload)
+            if not unchanged:
+                toolset = getattr(operation_id, 'toolset_id', '?')
+                step.reject(f'toolset {toolset!r} now lists other {_what(operation_id)} than when it was recorded')
     except BaseException as exc:
         step.failed(exc)
         raise
-    if _canonical(listed) == _canonical(step.payload):
+    if unchanged:
         return step.payload
-    toolset = getattr(operation_id, 'toolset_id', '?')
-    step.reject(f'toolset {toolset!r} now lists other {_what(operation_id)} than when it was recorded')
     await step.record(listed)
     return listed
