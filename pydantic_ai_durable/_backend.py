@@ -28,7 +28,7 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
-from ._codec import LIVE_RESULTS
+from ._codec import HOLD_RESPONSES, Unencoded
 from ._discovery import is_discovery, verify_listing
 from ._errors import JournalError, ResultNotJournalable
 from ._fingerprint import fingerprint_event, fingerprint_tool_call
@@ -36,6 +36,7 @@ from ._journal import Step
 from ._ledger import is_successful_tool_payload
 from ._tracing import replayed, traced
 from ._usage import NestedUsage, without_operation_usage
+from ._warm import warm
 
 if TYPE_CHECKING:
     from ._capability import Durable, _ActiveRun
@@ -81,6 +82,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         bound = self._bound.get(operation.operation_id)
         if bound is None or bound.operation.handler != operation.handler:
             bound = self._bound[operation.operation_id] = super().bind(operation)
+            warm(operation.operation_id, bound)  # UW-3: before the first request, not inside its window
         self._decoders[operation.operation_id] = bound.operation.result_codec.load
         return bound
 
@@ -151,18 +153,27 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         ledger.record_live_model_request(had_request_credit=had_credit)  # may stop the request (U-13)
         await active.spend.request_sent(continuation=continuation)
         responses: list[ModelResponse | None] = []
-        live: list[object] = []
 
-        def spent(payload: object) -> dict[str, Any]:
-            # The body encodes its response last; without one (another pydantic-ai), decode the payload.
-            responses.append(_response_of(live[-1], None) if live else _response_of(payload, decode))
+        async def counted() -> object:
+            # The codec hands the response back unencoded: its tokens are written before it is encoded (UW-1).
+            result = await body()
+            if not isinstance(result, Unencoded):
+                return result
+            responses.append(result.response)
+            await active.spend.response_arrived(result.response, continuation=continuation)
+            return result.encode()
+
+        def spent(payload: object) -> dict[str, Any] | None:
+            if responses:
+                return None  # written when the response arrived
+            responses.append(_response_of(payload, decode))  # another pydantic-ai encoded it itself
             return active.spend.response_received(responses[0], continuation=continuation)
 
-        token = LIVE_RESULTS.set(live)
+        token = HOLD_RESPONSES.set(True)
         try:
-            payload = await run_live(step, body, spend=spent)
+            payload = await run_live(step, counted, spend=spent)
         finally:
-            LIVE_RESULTS.reset(token)
+            HOLD_RESPONSES.reset(token)
         if responses and responses[0] is not None:
             ledger.track_chain(responses[0], params)
         return payload

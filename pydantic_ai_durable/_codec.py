@@ -8,19 +8,23 @@ live model step picks up the response it just encoded instead of decoding its pa
 from __future__ import annotations
 
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic_ai.durable_exec import JSON_CODEC, CallToolResult
+from pydantic_ai.messages import ModelResponse
+from pydantic_core import PydanticSerializationError
 
 from ._errors import ResultNotJournalable
 from ._journal import current_step
 from ._payloads import why_not_journalable
 from .journals import _json
 
-__all__ = ('JOURNAL_CODEC', 'LIVE_RESULTS', 'JournalCodec', 'not_journalable')
+__all__ = ('HOLD_RESPONSES', 'JOURNAL_CODEC', 'JournalCodec', 'Unencoded', 'not_journalable')
 
-LIVE_RESULTS: ContextVar[list[object] | None] = ContextVar('pydantic_ai_durable.live_results', default=None)
-"""While a live model step runs: the results its body encodes, so usage is read off the live response
+HOLD_RESPONSES: ContextVar[bool] = ContextVar('pydantic_ai_durable.hold_responses', default=False)
+"""True while a live model step's body runs: its response comes back unencoded, so the step can write the
+response's usage before spending time on encoding it (UW-1), and reads usage off the live response
 instead of decoding the payload a second time (pydantic-ai decodes it once more after `execute`)."""
 
 
@@ -51,19 +55,37 @@ class JournalCodec:
     """
 
     def dump(self, tp: Any, value: Any) -> Any:
+        if HOLD_RESPONSES.get() and isinstance(value, ModelResponse):
+            return Unencoded(self, tp, value)
+        return self.encode(tp, value)
+
+    def encode(self, tp: Any, value: Any) -> Any:
         try:
             encoded = JSON_CODEC.dump(tp, value)
         except (ValueError, RecursionError) as exc:
             raise not_journalable(exc, value) from exc
         if tp is CallToolResult and not _json.encodable(encoded):
             raise not_journalable(ValueError('it cannot be written as JSON text (an integer over 4300 digits?)'))
-        live = LIVE_RESULTS.get()
-        if live is not None:
-            live.append(value)
         return encoded
 
     def load(self, tp: Any, payload: Any) -> Any:
         return JSON_CODEC.load(tp, payload)
+
+
+@dataclass(frozen=True)
+class Unencoded:
+    """A live model response the codec handed back as it is, for the step to encode once its usage is written."""
+
+    codec: JournalCodec
+    tp: Any
+    response: ModelResponse
+
+    def encode(self) -> Any:
+        """The payload pydantic-ai's codec would have returned, failing the way it would (T-4, JF-5)."""
+        try:
+            return self.codec.encode(self.tp, self.response)
+        except (PydanticSerializationError, TypeError) as exc:
+            raise not_journalable(exc, self.response) from exc
 
 
 JOURNAL_CODEC = JournalCodec()
