@@ -96,7 +96,7 @@ def _tracer(capabilities: object) -> Tracer:
 def traced_run(run: Run, capabilities: object, spent: Callable[[], RunUsage]) -> Iterator[None]:
     """Around one agent run: name the execution and attempt on its span, and keep replays out of metrics (TR-3).
 
-    At the end the run's span also gets what this attempt really spent (`spent`, TR-4): pydantic-ai's
+    At the end the run's span also gets what this attempt really spent (`spent`, TR-3): pydantic-ai's
     `gen_ai.aggregated_usage.*` on it adds up the responses the run saw, replayed ones included.
     """
     span = trace.get_current_span()
@@ -157,10 +157,10 @@ def traced(step: Step) -> Iterator[None]:
     A model or tool step has a span of pydantic-ai's; the other kinds get one of ours around the body,
     described when the body is done, since a discovery step may turn live only then (DV-1).
     """
-    run_trace = _RUN_TRACE.get()
-    own = _own_span(step) if run_trace is not None else None
+    own = _own_span(step)
     if own is not None:
         own.set_attributes(_attributes(step))
+    run_trace = _RUN_TRACE.get()
     if run_trace is None or own is not None:
         yield
     else:
@@ -181,12 +181,12 @@ def replayed(step: Step) -> None:
     """
     if _record_unit is not None:
         _record_unit(executed=False)
-    run_trace = _RUN_TRACE.get()
-    if run_trace is None:
-        return
     own = None if DROPS_REPLAYED_SPANS else _own_span(step)
     if own is not None:
         own.set_attributes(_attributes(step))
+        return
+    run_trace = _RUN_TRACE.get()
+    if run_trace is None:
         return
     context = trace.set_span_in_context(run_trace.root)
     run_trace.tracer.start_span(STEP_SPAN.format(name=step.name), context=context, attributes=_attributes(step)).end()
