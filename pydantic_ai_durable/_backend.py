@@ -111,10 +111,9 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         fingerprint = fingerprint_event(cache_key[0]) if isinstance(operation_id, EventStreamHandlerId) else None
         step = active.run.claim(name, 'other', fingerprint)
         operation = isinstance(operation_id, CapabilityOperationId)
+        if step.replayed and is_discovery(operation_id):
+            return await verify_listing(step, operation_id, body)  # DV-1: checked against a fresh listing
         if replay(step, decode):
-            if is_discovery(operation_id):
-                return await verify_listing(step, operation_id, body)  # DV-1
-            replayed(step)
             return without_operation_usage(step.payload) if operation else step.payload  # U-16
         return await run_live(step, body, spend=active.spend.operation_finished if operation else None)
 
@@ -195,7 +194,6 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         if replay(step, self._decoders.get(operation_id)):
             if is_successful_tool_payload(step.payload):
                 active.ledger.record_tool_replay(step.position)
-            replayed(step)
             return step.payload
         active.ledger.record_live_tool_call(step.position)  # re-checks a credited limit before the side effect
         nested = NestedUsage(ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
@@ -243,6 +241,7 @@ def replay(step: Step, decode: Decoder | None) -> bool:
     except (TypeError, ValueError):
         step.reject()
         return False
+    replayed(step)  # its span says so (TR-1)
     return True
 
 

@@ -175,3 +175,28 @@ async def test_tr_1_discovery_steps_get_a_span_of_their_own(
         await agent.run('how many?')
     replayed = [span for span in exporter.get_finished_spans() if span.name.endswith('.get_tools')]
     assert replayed and all((span.attributes or {})['pydantic_ai_durable.replayed'] is True for span in replayed)
+
+
+async def test_tr_1_steps_of_leaf_toolsets_say_they_replayed(
+    new_journal: Callable[[], Journal], exporter: InMemorySpanExporter
+) -> None:
+    from helpers import Warehouse
+
+    calls = Calls()
+    leaf = Warehouse({'query': lambda sql: '3 rows'}, id='db')
+    agent = Agent(
+        two_step_model(calls),
+        name='leafy',
+        toolsets=[leaf],
+        capabilities=[Durable(new_journal()), _instrumentation(exporter)],
+    )
+    async with execution('order-tr1-leaf', journal=new_journal(), cleanup='never'):
+        await agent.run('how many?')
+    exporter.clear()
+    async with execution('order-tr1-leaf', journal=new_journal()) as handle:
+        await agent.run('how many?')
+    assert handle.stats.replayed['tool'] == 1
+    steps = _steps(list(exporter.get_finished_spans()))
+    assert sorted(steps) == [0, 1, 2]
+    assert all((span.attributes or {})['pydantic_ai_durable.replayed'] is True for span in steps.values())
+    assert (steps[1].attributes or {})['pydantic_ai_durable.kind'] == 'tool'
