@@ -27,6 +27,7 @@ from helpers import Calls, Operator, two_step_agent
 
 from pydantic_ai_durable import DiskJournal, JournalUnavailable, PostgresJournal, execution
 from pydantic_ai_durable.journals._common import execution_id
+from pydantic_ai_durable.journals._disk_format import BAD_VALUE
 
 _T = TypeVar('_T')
 
@@ -229,6 +230,51 @@ async def test_j8_the_journal_refuses_to_store_anything_but_text(journal_dir: Pa
                 cache.set(f'{EID}/x', value)
         with pytest.raises(TypeError):
             cache.set(('tuple', 'key'), '{}')
+    finally:
+        await journal.close()
+
+
+async def test_j8_the_fast_write_path_stores_exactly_what_diskcache_would(journal_dir: Path) -> None:
+    """`put_text`/`read_text`, the one-statement calls every recorded step uses, agree with `set`/`get`.
+
+    Same columns and metadata as diskcache's own `set` (so 0.1.0 and the CLI read the rows unchanged),
+    and the same refusals as `get` for a row this format never writes.
+    """
+    journal = DiskJournal(journal_dir)
+    await journal.open()
+    try:
+        cache = journal._open_cache()
+        columns = 'raw, expire_time, access_count, tag, size, mode, filename, typeof(value), value'
+        cache.set('by-set', '{"a":1}')
+        cache.put_text('by-put', '{"a":1}')  # a new row: diskcache's own insert
+        assert sql(journal_dir, f"SELECT {columns} FROM Cache WHERE key = 'by-put'") == sql(
+            journal_dir, f"SELECT {columns} FROM Cache WHERE key = 'by-set'"
+        )
+        sql(journal_dir, "UPDATE Cache SET access_count = 7, tag = 'x', size = 3 WHERE key = 'by-put'")
+        cache.set('by-set', '{"b":2}')
+        cache.put_text('by-put', '{"b":2}')  # an existing row: the one-statement update
+        assert sql(journal_dir, f"SELECT {columns} FROM Cache WHERE key = 'by-put'") == sql(
+            journal_dir, f"SELECT {columns} FROM Cache WHERE key = 'by-set'"
+        )
+        [(count,)] = sql(journal_dir, 'SELECT count(*) FROM Cache')
+        [(size,)] = sql(journal_dir, 'SELECT sum(size) FROM Cache')
+        assert sql(journal_dir, "SELECT key, value FROM Settings WHERE key IN ('count', 'size') ORDER BY key") == [
+            ('count', count),
+            ('size', size),
+        ]
+        with pytest.raises(TypeError):
+            cache.put_text('by-put', b'{}')  # type: ignore[arg-type]
+
+        for key in ('by-put', 'missing'):
+            assert cache.read_text(key) == cache.get(key)
+        plant(journal_dir, 'by-put', mode=MODE_PICKLE, value=b'not a pickle')
+        assert cache.read_text('by-put') is cache.get('by-put') is BAD_VALUE
+        plant(journal_dir, 'by-put', mode=MODE_RAW, value=b'{"a":1}')  # a BLOB, not TEXT
+        assert cache.read_text('by-put') is BAD_VALUE
+        plant(journal_dir, 'by-put', mode=MODE_RAW, value='{"a":1}', filename='ab/cd/' + 'e' * 28 + '.val')
+        assert cache.read_text('by-put') is BAD_VALUE
+        sql(journal_dir, "UPDATE Cache SET expire_time = 1 WHERE key = 'by-set'")  # expired, as `get` sees it
+        assert cache.read_text('by-set') is cache.get('by-set') is None
     finally:
         await journal.close()
 

@@ -348,8 +348,8 @@ class DiskJournal:
                 if record is not None and record not in state.setdefault('records', []):
                     state['records'].append(record)
                 self._remember(eid, run, state)
-            cache.set(item_key, text)
-            cache.set(f'{eid}/h', _json.dumps(head))
+            cache.put_text(item_key, text)
+            cache.put_text(f'{eid}/h', _json.dumps(head))
         return True
 
     def _set(self, key: str, run: str, item_key: str, text: str, *, epoch: int) -> bool:
@@ -361,7 +361,7 @@ class DiskJournal:
         cache = self._open_cache()
         with cache.transact():
             self._fence(cache, key, eid, epoch)
-            cache.set(item_key, text)
+            cache.put_text(item_key, text)
         return True
 
     # -- runs ------------------------------------------------------------------------------------
@@ -519,7 +519,7 @@ class DiskJournal:
 
     @staticmethod
     def _lease(cache: Any, eid: str) -> _Held | None:
-        stored = _json.loads_dict(cache.get(f'{eid}/l'))
+        stored = _json.loads_dict(cache.read_text(f'{eid}/l'))
         if stored is None or not isinstance(stored.get('holder'), str):
             return None
         epoch, expires, until, boot = (stored.get(name) for name in ('epoch', 'expires_at', 'until', 'boot'))
