@@ -153,5 +153,6 @@ def main() -> None:
     print(f'incremental: a step appending 2 messages (a response with a tool call, its tool return); {steps} steps')
     print(f'machine reference: sum(range(1000)) takes {micros(reference_loop())} us of CPU here')
 
+
 if __name__ == '__main__':
     main()

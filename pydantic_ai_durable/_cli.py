@@ -397,7 +397,7 @@ def _local(epoch: float | None, *, millis: bool = False) -> str:
 def _utc(epoch: float | None) -> str | None:
     if epoch is None:
         return None
-    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
+    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
     return moment.isoformat(timespec='milliseconds').replace('+00:00', 'Z')
 
 

@@ -56,7 +56,7 @@ class ExecutionBusy(DurableError):
         self.key = key
         self.holder = holder
         self.expires_at = expires_at
-        when = datetime.datetime.fromtimestamp(expires_at, tz=datetime.timezone.utc).isoformat(timespec='seconds')
+        when = datetime.datetime.fromtimestamp(expires_at, tz=datetime.UTC).isoformat(timespec='seconds')
         super().__init__(
             f'Execution {key!r} is held by another live attempt ({holder}) until {when}. '
             'Wait for it to finish, or stop it; a holder that died is taken over automatically.'

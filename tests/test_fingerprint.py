@@ -21,7 +21,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
@@ -57,8 +57,8 @@ from pydantic_ai_durable._fingerprint import (
 )
 from pydantic_ai_durable._masking import SecretRegistry
 
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
-T1 = datetime(2026, 6, 6, 12, 30, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+T1 = datetime(2026, 6, 6, 12, 30, tzinfo=UTC)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -536,10 +536,10 @@ def test_fp6_plain_json_arguments_are_hashed_as_is() -> None:
 def test_fp6_datetime_decimal_bytes_and_dataclass_arguments_are_stable() -> None:
     def args() -> dict[str, Any]:
         return {
-            'when': datetime(2025, 5, 1, 9, 30, tzinfo=timezone.utc),
+            'when': datetime(2025, 5, 1, 9, 30, tzinfo=UTC),
             'amount': Decimal('12.50'),
             'blob': b'\x00\xffdata',
-            'window': Window(datetime(2025, 1, 1, tzinfo=timezone.utc), timedelta(hours=2)),
+            'window': Window(datetime(2025, 1, 1, tzinfo=UTC), timedelta(hours=2)),
         }
 
     first = fingerprint_tool_call('book', args(), 'c1')
@@ -560,9 +560,9 @@ def test_fp6_unserializable_setting_gives_none_and_one_warning(caplog: pytest.Lo
 
 
 def test_fp6_non_json_setting_values_are_rendered_by_pydantic() -> None:
-    first = model_fp(settings={'extra_body': {'since': datetime(2025, 1, 1, tzinfo=timezone.utc)}})
+    first = model_fp(settings={'extra_body': {'since': datetime(2025, 1, 1, tzinfo=UTC)}})
     assert first is not None
-    assert first == model_fp(settings={'extra_body': {'since': datetime(2025, 1, 1, tzinfo=timezone.utc)}})
+    assert first == model_fp(settings={'extra_body': {'since': datetime(2025, 1, 1, tzinfo=UTC)}})
 
 
 # ------------------------------------------------------------------------------------------------------

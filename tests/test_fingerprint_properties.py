@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from datetime import timezone
+from datetime import UTC
 from decimal import Decimal
 from typing import Any
 
@@ -53,7 +53,7 @@ odd_values = st.one_of(
     st.frozensets(st.integers(0, 9), max_size=4),
     st.sets(st.tuples(st.integers(0, 2), st.frozensets(words, max_size=3)), max_size=3),
     st.tuples(st.integers(0, 3), words),
-    st.datetimes(timezones=st.just(timezone.utc)),
+    st.datetimes(timezones=st.just(UTC)),
     st.binary(max_size=4),
     st.decimals(places=2, min_value=-10, max_value=10),
     st.dictionaries(st.integers(0, 3), words, max_size=2),

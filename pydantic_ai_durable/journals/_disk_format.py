@@ -94,7 +94,8 @@ class JournalDisk(diskcache.Disk):  # type: ignore[misc]
             what,
         )
 
-    def put(self, key: Any) -> tuple[str, bool]:
+    # diskcache has no type hints; pyright infers its methods' return types from their bodies.
+    def put(self, key: Any) -> tuple[str, bool]:  # pyright: ignore[reportIncompatibleMethodOverride]
         if type(key) is not str:
             raise TypeError(f'DiskJournal keys are str, not {type(key).__name__}.')
         return key, True
@@ -105,7 +106,9 @@ class JournalDisk(diskcache.Disk):  # type: ignore[misc]
         self._refuse('a pickled key' if not raw else f'a key of type {type(key).__name__}')
         return BAD_KEY
 
-    def store(self, value: Any, read: bool, key: Any = _core.UNKNOWN) -> tuple[int, int, None, str]:
+    def store(  # pyright: ignore[reportIncompatibleMethodOverride]
+        self, value: Any, read: bool, key: Any = _core.UNKNOWN
+    ) -> tuple[int, int, None, str]:
         if read or type(value) is not str:
             raise TypeError(f'DiskJournal stores JSON text only, not {type(value).__name__}.')
         return 0, MODE_RAW, None, value
@@ -208,7 +211,7 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
             if op.islink(f'{database}{companion}'):
                 raise OSError(f'{str(database) + companion!r} is a symbolic link; a journal file must not be one')
         os.close(open_file(database, file_mode, os.O_RDONLY))
-        super().__init__(directory, timeout=timeout, disk=JournalDisk, **self._pinned)
+        super().__init__(directory, timeout=timeout, disk=JournalDisk, **self._pinned)  # pyright: ignore[reportArgumentType]
         _warn_if_shared(database, file_mode)
 
     def reset(self, key: str, value: Any = _core.ENOVAL, update: bool = True) -> Any:
@@ -228,7 +231,8 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
     def read_text(self, key: str) -> Any:
         """What `get(key)` returns (the row's JSON text, `BAD_VALUE` or `None`), in one SELECT."""
         row = self._con.execute(
-            'SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)',
+            'SELECT mode, filename, value FROM Cache'
+            ' WHERE key = ? AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)',
             (key, time.time()),
         ).fetchone()
         if row is None:

@@ -23,7 +23,7 @@ import uuid
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
 from .._errors import JournalUnavailable, LeaseLost
 from . import _json
@@ -60,8 +60,9 @@ def _require_psycopg() -> None:
         raise ImportError(f'{_INSTALL_HINT} ({exc}).') from exc
 
 
-def _quote_identifier(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+def _quote_identifier(name: str) -> LiteralString:
+    """`name` as a quoted SQL identifier: safe inside a statement whatever it contains, as if written there."""
+    return '"' + name.replace('"', '""') + '"'  # pyright: ignore[reportReturnType]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -99,9 +100,9 @@ class _Sql:
     def __init__(self, schema: str) -> None:
         s = _quote_identifier(schema)
         now = _NOW
-        self.version_table = f'{s}.schema_version'
+        self.version_table: LiteralString = f'{s}.schema_version'
         # Idempotent, so it both creates a schema and upgrades one of version 1.
-        self.ddl = f"""
+        self.ddl: LiteralString = f"""
             CREATE SCHEMA IF NOT EXISTS {s};
             CREATE TABLE IF NOT EXISTS {s}.schema_version (
                 one boolean PRIMARY KEY DEFAULT true CHECK (one),
@@ -136,60 +137,64 @@ class _Sql:
             );
             CREATE INDEX IF NOT EXISTS executions_updated ON {s}.executions (updated);
         """
-        self.read_version = f'SELECT version FROM {s}.schema_version'
-        self.set_version = (
+        self.read_version: LiteralString = f'SELECT version FROM {s}.schema_version'
+        self.set_version: LiteralString = (
             f'INSERT INTO {s}.schema_version (one, version) VALUES (true, %(version)s) '
             'ON CONFLICT (one) DO UPDATE SET version = EXCLUDED.version'
         )
-        self.probe = f"INSERT INTO {s}.executions (eid, key) VALUES (%(eid)s, '') ON CONFLICT (eid) DO NOTHING"
-        self.probe_epochs = f"SELECT nextval('{s}.lease_epochs')"
+        self.probe: LiteralString = (
+            f"INSERT INTO {s}.executions (eid, key) VALUES (%(eid)s, '') ON CONFLICT (eid) DO NOTHING"
+        )
+        self.probe_epochs: LiteralString = f"SELECT nextval('{s}.lease_epochs')"
         # B-9: every write first updates the execution row where the writer's epoch is the current one.
         # The row lock serialises it with a takeover, which re-evaluates the condition after waiting.
         fence = (
             f'UPDATE {s}.executions SET updated = {now} WHERE eid = %(eid)s AND lease_epoch = %(epoch)s RETURNING eid'
         )
-        self.write_entry = (
+        self.write_entry: LiteralString = (
             f'WITH fence AS ({fence}) '
             f'INSERT INTO {s}.entries (eid, run, position, value) '
             'SELECT eid, %(run)s, %(position)s, %(value)s FROM fence '
             'ON CONFLICT (eid, run, position) DO UPDATE SET value = EXCLUDED.value RETURNING 1'
         )
-        self.write_record = (
+        self.write_record: LiteralString = (
             f'WITH fence AS ({fence}) '
             f'INSERT INTO {s}.run_records (eid, run, name, value) '
             'SELECT eid, %(run)s, %(name)s, %(value)s FROM fence '
             'ON CONFLICT (eid, run, name) DO UPDATE SET value = EXCLUDED.value RETURNING 1'
         )
-        self.write_execution = (
+        self.write_execution: LiteralString = (
             f'UPDATE {s}.executions SET record = %(value)s, updated = {now} '
             'WHERE eid = %(eid)s AND lease_epoch = %(epoch)s RETURNING 1'
         )
         # PERF-3: a run's entries and records in one statement, one round trip.
-        self.read_run = (
+        self.read_run: LiteralString = (
             f'SELECT position, NULL::text AS name, value FROM {s}.entries WHERE eid = %(eid)s AND run = %(run)s '
             'UNION ALL '
             f'SELECT NULL::bigint, name, value FROM {s}.run_records WHERE eid = %(eid)s AND run = %(run)s'
         )
-        self.read_execution = f'SELECT record FROM {s}.executions WHERE eid = %(eid)s'
-        self.delete_run = (
+        self.read_execution: LiteralString = f'SELECT record FROM {s}.executions WHERE eid = %(eid)s'
+        self.delete_run: LiteralString = (
             f'WITH fence AS ({fence}), '
             f'gone AS (DELETE FROM {s}.entries WHERE eid IN (SELECT eid FROM fence) AND run = %(run)s), '
             f'gone_records AS (DELETE FROM {s}.run_records WHERE eid IN (SELECT eid FROM fence) AND run = %(run)s) '
             'SELECT count(*) FROM fence'
         )
-        self.lock_execution = f'SELECT 1 FROM {s}.executions WHERE eid = %(eid)s AND lease_epoch = %(epoch)s FOR UPDATE'
-        self.delete_execution_row = f'DELETE FROM {s}.executions WHERE eid = ANY(%(eids)s)'
-        self.delete_entries = f'DELETE FROM {s}.entries WHERE eid = ANY(%(eids)s)'
-        self.delete_records = f'DELETE FROM {s}.run_records WHERE eid = ANY(%(eids)s)'
+        self.lock_execution: LiteralString = (
+            f'SELECT 1 FROM {s}.executions WHERE eid = %(eid)s AND lease_epoch = %(epoch)s FOR UPDATE'
+        )
+        self.delete_execution_row: LiteralString = f'DELETE FROM {s}.executions WHERE eid = ANY(%(eids)s)'
+        self.delete_entries: LiteralString = f'DELETE FROM {s}.entries WHERE eid = ANY(%(eids)s)'
+        self.delete_records: LiteralString = f'DELETE FROM {s}.run_records WHERE eid = ANY(%(eids)s)'
         # B-13: judged by the server's clock, in the statement that deletes (the row lock keeps a
         # concurrent acquire out until it commits).
-        self.prune = (
+        self.prune: LiteralString = (
             f'DELETE FROM {s}.executions '
             f'WHERE (updated IS NULL OR updated < {now} - %(older_than)s) '
             f'AND (lease_expires IS NULL OR lease_expires <= {now}) '
             'RETURNING eid, key, updated IS NOT NULL'
         )
-        self.list = f"""
+        self.list: LiteralString = f"""
             WITH e AS (SELECT eid, count(*) AS n, sum(octet_length(value)) AS b FROM {s}.entries GROUP BY eid),
                  r AS (SELECT eid, count(*) AS n, sum(octet_length(value)) AS b FROM {s}.run_records GROUP BY eid),
                  u AS (SELECT eid, count(*) AS n FROM (
@@ -211,10 +216,10 @@ class _Sql:
             'WHERE a.pid = x.lease_session AND (a.backend_start IS NULL OR x.lease_session_start IS NULL '
             'OR a.backend_start = x.lease_session_start))'
         )
-        self.session_alive = (
+        self.session_alive: LiteralString = (
             f'SELECT NOT ({session_gone}) FROM {s}.executions AS x WHERE eid = %(eid)s AND lease_holder = %(holder)s'
         )
-        self.acquire = (
+        self.acquire: LiteralString = (
             f'INSERT INTO {s}.executions AS x '
             '(eid, key, lease_holder, lease_expires, lease_epoch, lease_session, lease_session_start) '
             f"VALUES (%(eid)s, %(key)s, %(holder)s, {now} + %(ttl)s, nextval('{s}.lease_epochs'), {session}) "
@@ -226,15 +231,17 @@ class _Sql:
             f'OR ({session_gone}) '
             'RETURNING lease_expires, lease_epoch'
         )
-        self.read_lease = f'SELECT lease_holder, lease_expires, lease_epoch FROM {s}.executions WHERE eid = %(eid)s'
-        self.renew = (
+        self.read_lease: LiteralString = (
+            f'SELECT lease_holder, lease_expires, lease_epoch FROM {s}.executions WHERE eid = %(eid)s'
+        )
+        self.renew: LiteralString = (
             f'UPDATE {s}.executions SET lease_expires = {now} + %(ttl)s, '
             f'(lease_session, lease_session_start) = (SELECT {session}) '
             'WHERE eid = %(eid)s AND lease_holder = %(holder)s AND lease_epoch = %(epoch)s RETURNING lease_expires'
         )
         # A lease-only row (no write ever touched it) goes with its lease; otherwise only the lease is cleared.
         mine = 'eid = %(eid)s AND lease_holder = %(holder)s AND lease_epoch = %(epoch)s'
-        self.release = (
+        self.release: LiteralString = (
             f'WITH gone AS (DELETE FROM {s}.executions WHERE {mine} AND updated IS NULL AND record IS NULL) '
             f'UPDATE {s}.executions SET lease_holder = NULL, lease_expires = NULL, lease_epoch = NULL, '
             'lease_session = NULL, lease_session_start = NULL '
@@ -453,7 +460,7 @@ class PostgresJournal:
             current = None
         return LeaseLost(key, holder=current.holder if current is not None else None)
 
-    async def _fenced(self, key: str, statement: str, params: dict[str, Any]) -> bool:
+    async def _fenced(self, key: str, statement: LiteralString, params: dict[str, Any]) -> bool:
         """Run a write that returns a row only when the writer's epoch is current (B-9).
 
         `False` when the database refuses the value itself (a NUL in text, a number out of range):

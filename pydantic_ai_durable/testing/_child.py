@@ -21,7 +21,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from pydantic_core import to_jsonable_python
 
@@ -64,8 +64,7 @@ def load_target(target: str, file: str | None) -> Scenario:
         value = getattr(value, part)
     if not callable(value):
         raise TypeError(f'{target!r} is not callable.')
-    scenario: Scenario = value
-    return scenario
+    return cast(Scenario, value)
 
 
 def build_journal(spec: dict[str, Any]) -> Journal:

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from .._journal import StepPoint
 from ..journals import DiskJournal, Journal, MemoryJournal
@@ -118,9 +118,10 @@ def _messages_of(result: Any) -> list[Any] | None:
     method = getattr(result, 'all_messages', None)
     if not callable(method):
         return None
-    from pydantic_ai.messages import ModelMessagesTypeAdapter
+    from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
-    dumped: list[Any] = ModelMessagesTypeAdapter.dump_python(method(), mode='json')
+    messages = cast('list[ModelMessage]', method())
+    dumped: list[Any] = ModelMessagesTypeAdapter.dump_python(messages, mode='json')
     for message in dumped:
         # Ids of the run and the times a request was built change on every run by design; a replayed
         # response keeps its recorded timestamp, so responses are compared whole.
@@ -310,7 +311,7 @@ class _ForkServer:
             process.stdin.close()
         try:
             await asyncio.wait_for(process.wait(), 10.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             process.kill()
             await process.wait()
 
