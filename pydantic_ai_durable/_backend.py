@@ -34,6 +34,7 @@ from ._errors import JournalError, ResultNotJournalable
 from ._fingerprint import fingerprint_event, fingerprint_tool_call
 from ._journal import Step
 from ._ledger import is_successful_tool_payload
+from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode
 from ._tracing import replayed, traced
 from ._usage import NestedUsage, without_operation_usage
 from ._warm import warm
@@ -41,7 +42,7 @@ from ._warm import warm
 if TYPE_CHECKING:
     from ._capability import Durable, _ActiveRun
 
-__all__ = ('DurableBackend', 'tool_is_replayable')
+__all__ = ('DurableBackend', 'replay', 'run_live', 'run_live_call', 'tool_is_replayable')
 
 _NO_CONFIG = RoleBasedOperationConfig[None](model=None, event=None, capability=None, tool=None)
 
@@ -272,3 +273,30 @@ async def run_live(
     await step.record(payload, to_record=to_record, spend=spend(payload) if spend is not None else None)
     step.reached('after_record')
     return payload
+
+
+async def run_live_call(
+    step: Step,
+    call: Callable[[], Awaitable[object]],
+    *,
+    tool_name: str,
+    to_record: Callable[[Any], Any] | None = None,
+    spend: Callable[[object], dict[str, Any] | None] | None = None,
+) -> object:
+    """Run a call whose control-flow exceptions are outcomes (T-5) as a live step.
+
+    The step records the call's encoded outcome (`call_and_encode`); then the value is returned, or the
+    signal it raised (`ModelRetry`, `CallDeferred`, ...) is raised again, as a replay of it would.
+    """
+    live: list[object] = []
+
+    async def body() -> object:
+        outcome, payload = await call_and_encode(call, tool_name=tool_name)
+        live.append(outcome)
+        return payload
+
+    await run_live(step, body, to_record=to_record, spend=spend)
+    outcome = live[0]
+    if isinstance(outcome, CONTROL_FLOW_EXCEPTIONS):
+        raise outcome
+    return outcome

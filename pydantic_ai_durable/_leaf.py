@@ -16,21 +16,16 @@ from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from ._backend import replay, run_live
+from ._backend import replay, run_live_call
 from ._fingerprint import fingerprint_tool_call
 from ._ledger import is_successful_tool_payload
-from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode, decode_payload, is_replayable_payload
+from ._payloads import check_replayable_payload, decode_payload
 from ._usage import NestedUsage
 
 if TYPE_CHECKING:
     from ._capability import Durable
 
 __all__ = ('JournaledToolset',)
-
-
-def _check_replayable(payload: object) -> None:
-    if not is_replayable_payload(payload):
-        raise ValueError('recorded tool payload has an unknown shape')
 
 
 @dataclass
@@ -64,27 +59,20 @@ class JournaledToolset(WrapperToolset[AgentDepsT]):
         replayable = getattr(self.wrapped, 'replayable', True) is not False
         fingerprint = fingerprint_tool_call(name, tool_args, ctx.tool_call_id)
         step = active.run.claim(self.step_name(name), 'tool', fingerprint, replayable=replayable)
-        live: list[object] = []
-        if replay(step, _check_replayable):
+        if replay(step, check_replayable_payload):
             if is_successful_tool_payload(step.payload):
                 active.ledger.record_tool_replay(step.position)
             return decode_payload(step.payload)  # values are returned, control-flow signals raised (T-5)
         active.ledger.record_live_tool_call(step.position)
         call_ctx = dataclasses.replace(ctx)  # this call's own context, whose usage NestedUsage swaps
         nested = NestedUsage(call_ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
-
-        async def body() -> object:
-            outcome, payload = await call_and_encode(
-                lambda: self.wrapped.call_tool(name, tool_args, call_ctx, tool), tool_name=name
-            )
-            live.append(outcome)
-            return payload
-
         try:
-            await run_live(step, body, to_record=active.mask, spend=lambda payload: active.tool_spend(payload, nested))
+            return await run_live_call(
+                step,
+                lambda: self.wrapped.call_tool(name, tool_args, call_ctx, tool),
+                tool_name=name,
+                to_record=active.mask,
+                spend=lambda payload: active.tool_spend(payload, nested),
+            )
         finally:
             nested.restore()
-        outcome = live[0]
-        if isinstance(outcome, CONTROL_FLOW_EXCEPTIONS):
-            raise outcome
-        return outcome

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter
 from pydantic_ai.output import OutputContext
 
-from ._backend import replay, run_live
+from ._backend import replay, run_live_call
 from ._fingerprint import fingerprint_tool_call
-from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode, decode_payload, is_replayable_payload
+from ._payloads import check_replayable_payload, decode_payload
 
 if TYPE_CHECKING:
     from ._capability import _ActiveRun
@@ -70,11 +70,6 @@ def _find(output_type: object, name: str) -> Callable[..., Any] | None:
     return None
 
 
-def _check_replayable(payload: object) -> None:
-    if not is_replayable_payload(payload):
-        raise ValueError('recorded output payload has an unknown shape')
-
-
 async def journal_output_process(
     active: _ActiveRun,
     agent_name: str,
@@ -104,23 +99,12 @@ async def journal_output_process(
     step = active.run.claim(f'{agent_name}__output_function.call:{name}', 'tool', fingerprint)
     if replay(step, lambda payload: _check_loadable(payload, adapter)):
         return _decode(step.payload, adapter)  # a recorded retry is raised again (T-5)
-    live: list[object] = []
-
-    async def body() -> object:
-        outcome, payload = await call_and_encode(lambda: handler(output), tool_name=name)
-        live.append(outcome)
-        return payload
-
-    await run_live(step, body, to_record=active.mask)
-    outcome = live[0]
-    if isinstance(outcome, CONTROL_FLOW_EXCEPTIONS):
-        raise outcome
-    return outcome
+    return await run_live_call(step, lambda: handler(output), tool_name=name, to_record=active.mask)
 
 
 def _check_loadable(payload: object, adapter: TypeAdapter[Any]) -> None:
     """Reject a recorded result that no longer validates as the function's return type (X-1)."""
-    _check_replayable(payload)
+    check_replayable_payload(payload)
     assert isinstance(payload, dict)
     if payload.get('kind') == 'tool_return' and 'result' in payload:
         adapter.validate_python(payload['result'])  # a ValidationError is a ValueError: rejected, runs live

@@ -22,6 +22,7 @@ from ._journal import current_step
 __all__ = (
     'CONTROL_FLOW_EXCEPTIONS',
     'call_and_encode',
+    'check_replayable_payload',
     'decode_payload',
     'encode_exception',
     'encode_result',
@@ -85,6 +86,12 @@ def encode_exception(exc: BaseException, *, tool_name: str | None = None) -> dic
         return None
     metadata = _to_json_data(exc.metadata, tool_name=tool_name, what=f'raised {type(exc).__name__} with metadata')
     return {'kind': kind, 'metadata': metadata}
+
+
+def check_replayable_payload(payload: object) -> None:
+    """Raise `ValueError` for a recorded payload `decode_payload` cannot reproduce: `replay` then runs the step live."""
+    if not is_replayable_payload(payload):
+        raise ValueError('recorded payload has an unknown shape')
 
 
 def is_replayable_payload(payload: object) -> bool:
