@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic_ai.usage import RunUsage
 
-from ._journal import Attempt, CleanupMode, Stats, WriteErrorMode
+from ._journal import Attempt, CleanupMode, Stats
 from ._usage import RunSpend
 from .journals._protocol import Journal
 from .journals.disk import DiskJournal, default_directory
@@ -104,10 +104,8 @@ class execution:
 
     A journal write that fails is retried for `write_timeout` seconds (default: a third of `lease_ttl`);
     if it still fails the attempt stops with `JournalUnavailable` before its next step, so nothing runs
-    after a step whose record was lost. `on_write_error="continue"` instead reports the step as not
-    recorded and goes on (a retry then runs it, and possibly the steps after it, again). A step whose
-    result could not be journaled stops every later attempt at its position unless
-    `rerun_unjournalable=True` (its side effect already ran once).
+    after a step whose record was lost. A step whose result could not be journaled stops every later
+    attempt at its position unless `rerun_unjournalable=True` (its side effect already ran once).
     """
 
     def __init__(
@@ -118,7 +116,6 @@ class execution:
         cleanup: CleanupMode = 'execution',
         lease_ttl: float = 30.0,
         write_timeout: float | None = None,
-        on_write_error: WriteErrorMode = 'stop',
         rerun_unjournalable: bool = False,
     ) -> None:
         self._attempt = Attempt(
@@ -128,7 +125,6 @@ class execution:
             cleanup=cleanup,
             lease_ttl=lease_ttl,
             write_timeout=write_timeout,
-            on_write_error=on_write_error,
             rerun_unjournalable=rerun_unjournalable,
         )
         self._handle = Execution(self._attempt)

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from ._errors import ExecutionBusy, JournalError, JournalUnavailable, LeaseLost, ResultNotJournalable
-from ._lease import LeaseKeeper
+from ._lease import LeaseKeeper, store_identity
 from .journals._holder import end_holding, local_clock, new_holder, start_holding
-from .journals._protocol import Journal, RunSnapshot
+from .journals._protocol import DEADLINE, Journal, RunSnapshot
 
 _R = TypeVar('_R')
 
@@ -46,7 +46,6 @@ log = logging.getLogger('pydantic_ai_durable')
 Kind = Literal['model', 'tool', 'other']
 KINDS: tuple[Kind, ...] = ('model', 'tool', 'other')
 CleanupMode = Literal['execution', 'run', 'never']
-WriteErrorMode = Literal['stop', 'continue']
 
 ENTRY_VERSION = 1
 """Format version written into every entry, run record and execution record (B-3)."""
@@ -97,6 +96,10 @@ class Divergence:
     reason: str
 
 
+def _steps(count: int) -> str:
+    return 'step' if count == 1 else 'steps'
+
+
 @dataclass
 class Stats:
     """What an attempt replayed and recorded, per kind (S-1), and step by step."""
@@ -113,9 +116,10 @@ class Stats:
         def counts(counter: Counter[str]) -> str:
             return ', '.join(f'{counter[kind]} {kind}' for kind in KINDS)
 
+        replayed, recorded = sum(self.replayed.values()), sum(self.recorded.values())
         return (
-            f'replayed {sum(self.replayed.values())} steps ({counts(self.replayed)}), '
-            f'recorded {sum(self.recorded.values())} new steps ({counts(self.recorded)})'
+            f'replayed {replayed} {_steps(replayed)} ({counts(self.replayed)}), '
+            f'recorded {recorded} new {_steps(recorded)} ({counts(self.recorded)})'
         )
 
 
@@ -418,9 +422,9 @@ class Run:
     ) -> bool:
         """Save a live step's payload (W-1..W-4) and return whether it was stored.
 
-        A store that keeps failing stops the attempt with `JournalUnavailable` (JF-2), a payload the
-        journal cannot encode raises `JournalError` after leaving a fence (JF-5); only with
-        `on_write_error="continue"` is an unrecorded step reported (W-2) and the run goes on.
+        A store that keeps failing stops the attempt with `JournalUnavailable` (JF-2), and the step is
+        reported as not recorded; a payload the journal cannot encode raises `JournalError` after leaving
+        a fence (JF-5).
         `spend` is a snapshot of the run's live spend (with an int `seq`) that rides along with the
         entry, so counting a step's usage costs no write of its own.
         """
@@ -439,12 +443,18 @@ class Run:
             log.debug('preparing the record of step %d failed: %r', step.position, exc)
             saved = False
         else:
-            saved = await self.attempt.store(
-                self.state,
-                f'step {step.position} ({step.name}) of run {self.key}',
-                lambda epoch: self.journal.write_entry(self.attempt.key, self.key, step.position, entry, epoch=epoch),
-            )
-        if saved is False and self.attempt.on_write_error == 'stop':
+            try:
+                saved = await self.attempt.store(
+                    self.state,
+                    f'step {step.position} ({step.name}) of run {self.key}',
+                    lambda epoch: self.journal.write_entry(
+                        self.attempt.key, self.key, step.position, entry, epoch=epoch
+                    ),
+                )
+            except JournalUnavailable:
+                self.stats.not_recorded.append((step.kind, step.name))  # it ran; the attempt stops here (JF-2)
+                raise
+        if saved is False:
             error = ResultNotJournalable(
                 f'The result of step {step.position} ({step.name}) cannot be journaled: the journal could not '
                 'encode it as JSON text. Return JSON-compatible data instead.',
@@ -452,20 +462,10 @@ class Run:
             )
             await self.fence(step, error)
             raise error
-        if saved:
-            self._saved.add(step.position)
-            self.stats.recorded[step.kind] += 1
-            log.debug('run %s: recorded step %d (%s)', self.key, step.position, step.name)
-        else:
-            self.stats.not_recorded.append((step.kind, step.name))
-            log.warning(
-                'Execution %r run %s: step %d (%s) could not be recorded; a retry will run it again.',
-                self.attempt.key,
-                self.key,
-                step.position,
-                step.name,
-            )
-        return bool(saved)
+        self._saved.add(step.position)
+        self.stats.recorded[step.kind] += 1
+        log.debug('run %s: recorded step %d (%s)', self.key, step.position, step.name)
+        return True
 
     def _entry(self, step: Step) -> dict[str, Any]:
         entry: dict[str, Any] = {
@@ -582,16 +582,6 @@ class Run:
         await self.write_record('meta', meta)  # F-6: a refused write is ignored
 
 
-def _store_identity(journal: Journal) -> object:
-    """What makes two journal objects the same store (their `store_identity`), else the object itself.
-
-    An attempt holds one lease per store: two objects over one store must share it, or the second
-    acquisition would take a new epoch and fence the first (B-9).
-    """
-    identity = getattr(journal, 'store_identity', None)
-    return identity if identity is not None else ('object', id(journal))
-
-
 def _one_line(error: BaseException, limit: int = 400) -> str:
     text = ' '.join(str(error).split()) or type(error).__name__
     return text if len(text) <= limit else text[: limit - 3] + '...'
@@ -631,7 +621,6 @@ class Attempt:
         cleanup: CleanupMode,
         lease_ttl: float,
         write_timeout: float | None = None,
-        on_write_error: WriteErrorMode = 'stop',
         rerun_unjournalable: bool = False,
     ) -> None:
         if not isinstance(key, str) or not key:
@@ -644,15 +633,12 @@ class Attempt:
             write_timeout = lease_ttl / 3
         if not isinstance(write_timeout, (int, float)) or not write_timeout >= 0:
             raise ValueError(f'write_timeout must be a number of seconds (0 or more), not {write_timeout!r}.')
-        if on_write_error not in ('stop', 'continue'):
-            raise ValueError(f"on_write_error must be 'stop' or 'continue', not {on_write_error!r}.")
         self.key = key
         self.journal = journal
         self._default_journal = default_journal
         self.cleanup = cleanup
         self.lease_ttl = float(lease_ttl)
         self.write_timeout = float(write_timeout)
-        self.on_write_error: WriteErrorMode = on_write_error
         self.rerun_unjournalable = rerun_unjournalable
         self.stats = Stats()
         self.number = 1
@@ -693,6 +679,7 @@ class Attempt:
         deadline = local_clock() + (self.write_timeout if patient else 0.0)
         delay = _RETRY_FIRST
         while True:
+            token = DEADLINE.set(deadline)
             try:
                 return await call()
             except (LeaseLost, JournalError):
@@ -710,14 +697,15 @@ class Attempt:
                 log.debug('journal call failed, retrying: %s: %r', what, exc)
                 await asyncio.sleep(min(delay, remaining))
                 delay = min(delay * 2, _RETRY_MAX)
+            finally:
+                DEADLINE.reset(token)
 
     async def store(
         self, state: _JournalState, what: str, write: Callable[[int], Awaitable[bool]], *, patient: bool = True
     ) -> bool:
         """Write with this attempt's lease epoch (B-9); a store that keeps failing stops the attempt (JF-2).
 
-        Returns what the backend said (`False`: the value cannot be encoded). With
-        `on_write_error="continue"` a failed store is logged and reported as not stored instead.
+        Returns what the backend said (`False`: the value cannot be encoded).
         """
         self.check(state)
         try:
@@ -728,9 +716,6 @@ class Attempt:
             state.keeper.fenced(lost)
             raise
         except JournalUnavailable as error:
-            if self.on_write_error == 'continue':
-                log.warning('%s', error)
-                return False
             self.broken = error
             raise
 
@@ -755,7 +740,7 @@ class Attempt:
         so they share one lease and one execution record. Runs that start concurrently wait for one
         opening instead of each taking the lease.
         """
-        identity = _store_identity(journal)
+        identity = store_identity(journal)
         opening = self._opening.get(identity)
         if opening is None:
             opening = self._opening[identity] = asyncio.ensure_future(self._open(journal))
@@ -794,7 +779,7 @@ class Attempt:
         except BaseException:
             await keeper.release()
             raise
-        self._states[_store_identity(journal)] = state
+        self._states[store_identity(journal)] = state
         return state
 
     async def _start_record(self, state: _JournalState) -> None:
@@ -851,7 +836,7 @@ class Attempt:
         if (
             parent is not None
             and parent.run.attempt is self
-            and _store_identity(parent.run.journal) == _store_identity(journal)
+            and store_identity(parent.run.journal) == store_identity(journal)
         ):
             slot = (parent.run.key, parent.position)
             self._nested[slot] += 1
@@ -913,15 +898,18 @@ class Attempt:
         lost: LeaseLost | None = None
         was_broken, self.broken = self.broken is not None, None  # the end is tried once more, best effort
         for state in self._states.values():
+            keeper = state.keeper
+            await keeper.stop()  # no renewal lands once the end starts deleting or marking (CC-3)
             try:
-                if not (isinstance(error, SimulatedCrash) or state.keeper.lost is not None):
+                if not (isinstance(error, SimulatedCrash) or keeper.lost is not None):
                     await self._finish_state(state, error, patient=not was_broken)
             except LeaseLost as exc:
                 lost = exc
             except Exception as exc:
                 log.warning('Execution %r: cleanup failed (%s); its entries stay in the journal.', self.key, exc)
-            lost = lost or state.keeper.lost  # a dead process writes nothing above; a stale attempt may not (B-9)
-            await state.keeper.release()
+            if lost is None and isinstance(keeper.lost, LeaseLost):
+                lost = keeper.lost  # a dead process writes nothing above; a stale attempt may not (B-9)
+            await keeper.release()
         end_holding(self.holder)
         self._log_summary()
         if error is None and lost is not None:
@@ -937,7 +925,9 @@ class Attempt:
         models = sum(1 for kind, _ in stats.not_recorded if kind == 'model')
         if models:
             log.warning(
-                'Execution %r: %d model steps were not recorded; a retry re-runs them and every step after the first.',
+                'Execution %r: %d model %s not recorded; a retry re-runs %s and every step after the first.',
                 self.key,
                 models,
+                'step was' if models == 1 else 'steps were',
+                'it' if models == 1 else 'them',
             )

@@ -1,33 +1,42 @@
-"""The lease keeper: takes an execution's lease for one attempt, renews it, and notices when it is lost.
+"""Leases: an attempt's hold on its execution, and the one renewer per journal that keeps them all.
 
-An attempt may only run steps while it holds its execution (SPEC B-5, B-10). The keeper runs every
-lease call on an event loop of its own, in a daemon thread, so a long model call never lets the
-lease lapse and a network journal keeps one connection for the whole attempt. The attempt asks
-`ensure()` before each step's body: a clock read while the lease is fresh, a renewal when it may
-have lapsed (a paused process, a frozen VM), and `LeaseLost` once another attempt has it.
+An attempt may only run steps while it holds its execution (B-5, B-10). Each attempt has a
+`LeaseKeeper`: it takes the lease, knows its fencing epoch and whether it still holds it. The renewing
+is not the keeper's: a process holding a thousand executions in one journal renews them with one
+`LeaseRenewer`, one statement per interval, on the package's background loop (CC-2), which keeps
+running when the user's loop is busy. Before each step's body the attempt asks `ensure()`: a clock read
+while the lease is fresh, a renewal of its own when the renewer has fallen behind (a paused process).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
 
-from ._errors import LeaseLost
+from ._errors import DurableError, JournalUnavailable, LeaseLost
+from .journals._background import background
 from .journals._holder import local_clock
-from .journals._protocol import Journal, Lease
+from .journals._protocol import Journal, Lease, LeaseRenewal
 
-__all__ = ('LeaseKeeper',)
+__all__ = ('LeaseKeeper', 'LeaseRenewer', 'store_identity')
 
 log = logging.getLogger('pydantic_ai_durable')
 
-_T = TypeVar('_T')
-
 _RETRY_SHARE = 10
 """After a failed renewal, the next try comes after `ttl / _RETRY_SHARE`, until the lease would lapse."""
+
+
+def store_identity(journal: Journal) -> object:
+    """What makes two journal objects the same store (their `store_identity`), else the object itself.
+
+    An attempt holds one lease per store, and a process has one renewer per store: two objects over
+    one store must share them, or the second acquisition would take a new epoch and fence the first.
+    """
+    identity = getattr(journal, 'store_identity', None)
+    return identity if identity is not None else ('object', id(journal))
 
 
 class LeaseKeeper:
@@ -40,89 +49,66 @@ class LeaseKeeper:
         self.ttl = ttl
         self.epoch = 0
         """The epoch every write of this attempt carries (B-9); 0 until the lease is taken."""
-        self.lost: LeaseLost | None = None
-        """Set once the lease is known lost; every later step stops with it (B-10)."""
+        self.lost: DurableError | None = None
+        """Set once the attempt may not go on: `LeaseLost` (another holder, a deletion) or `JournalUnavailable`
+        (renewals kept failing until the lease lapsed). Every later step stops with it (B-10, CC-4)."""
+        self.due = 0.0
+        """On `local_clock()`: when the renewer should renew this lease next."""
+        self.retired = False
+        """Set when the attempt stopped renewing: a renewal answer that arrives later means nothing (CC-3)."""
         self._valid_until = 0.0
         """On `local_clock()`: until when the lease surely holds (from before the last renewal was sent)."""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._renewing: asyncio.Task[None] | None = None
-
-    # -- the keeper's own event loop ------------------------------------------------------------
-
-    def _start_thread(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            loop = self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(
-                target=loop.run_forever, name=f'pydantic-ai-durable-lease {self.key[:40]}', daemon=True
-            )
-            self._thread.start()
-        return self._loop
-
-    async def _call(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Run `coro` on the keeper's loop and wait for it from whatever loop the caller runs."""
-        loop = self._start_thread()
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
-
-    def _stop_thread(self) -> None:
-        loop, thread = self._loop, self._thread
-        self._loop = self._thread = None
-        if loop is None or thread is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=5)
-        if not thread.is_alive():
-            loop.close()
+        self._renewer: LeaseRenewer | None = None
 
     # -- taking, keeping, giving back -----------------------------------------------------------
 
     async def acquire(self, *, force: bool = False) -> Lease:
         """Take the lease; the returned lease is someone else's when the execution is busy."""
         sent = local_clock()
-        try:
-            lease = await self._call(self.journal.acquire_lease(self.key, self.holder, self.ttl, force=force))
-        except BaseException:
-            self._stop_thread()
-            raise
+        lease = await self.journal.acquire_lease(self.key, self.holder, self.ttl, force=force)
         if lease.holder != self.holder:
-            self._stop_thread()
             return lease
         self.epoch = lease.epoch
-        self._valid_until = sent + self.ttl
-        self._renewing = await self._call(self._start_renewing())
+        self._renewed(sent)
+        self._renewer = LeaseRenewer.of(self.journal)
+        self._renewer.add(self)
         return lease
 
-    async def _start_renewing(self) -> asyncio.Task[None]:
-        return asyncio.create_task(self._keep())
+    def renewal(self) -> LeaseRenewal:
+        return LeaseRenewal(self.key, self.holder, self.epoch, self.ttl)
 
-    async def _keep(self) -> None:
-        """Renew every `ttl / 3`; after a failure, sooner, until the lease is renewed or known lost."""
-        interval = self.ttl / 3
-        wait = interval
-        while self.lost is None:
-            await asyncio.sleep(wait)
-            wait = interval if await self._renew() else min(interval, self.ttl / _RETRY_SHARE)
+    def _renewed(self, sent: float) -> None:
+        self._valid_until = sent + self.ttl
+        self.due = sent + self.ttl / 3
 
-    async def _renew(self) -> bool:
-        """One renewal; `False` when the store could not be reached (the lease may still hold)."""
-        sent = local_clock()
-        try:
-            lease = await self.journal.renew_lease(self.key, self.holder, self.epoch, self.ttl)
-        except Exception as exc:
-            if local_clock() >= self._valid_until:
-                self._lose(
-                    LeaseLost(self.key, holder=None, reason=f'it could not be renewed before it expired ({exc})')
-                )
-            else:
-                log.warning('Execution %r: renewing its lease failed (%s); retrying.', self.key, exc)
-            return False
+    def answer(self, sent: float, lease: Lease | None) -> None:
+        """Take the store's answer to a renewal sent at `sent`: still ours, or lost to someone (B-10)."""
+        if self.retired or self.lost is not None:
+            return
         if lease is None or (lease.holder, lease.epoch) != (self.holder, self.epoch):
             self._lose(LeaseLost(self.key, holder=lease.holder if lease is not None else None))
-            return True
-        self._valid_until = sent + self.ttl
-        return True
+        else:
+            self._renewed(sent)
 
-    def _lose(self, error: LeaseLost) -> None:
+    def failed(self, error: BaseException) -> None:
+        """A renewal could not reach the store: retry soon, and once the lease lapsed, say the store failed (CC-4)."""
+        if self.retired or self.lost is not None:
+            return
+        now = local_clock()
+        if now < self._valid_until:
+            log.warning('Execution %r: renewing its lease failed (%s); retrying.', self.key, error)
+            self.due = min(now + self.ttl / _RETRY_SHARE, self._valid_until)
+            return
+        self._lose(
+            JournalUnavailable(
+                f'Execution {self.key!r}: its lease could not be renewed before it expired, because the journal '
+                f'{self.journal!r} is failing ({type(error).__name__}: {_one_line(error)}). This attempt stopped '
+                'before its next step, so nothing ran unrecorded; retry the execution once the journal works '
+                'again, and every recorded step replays.'
+            )
+        )
+
+    def _lose(self, error: DurableError) -> None:
         if self.lost is None:
             self.lost = error
             log.warning('%s', error)
@@ -132,9 +118,12 @@ class LeaseKeeper:
         self._lose(error)
 
     def check(self) -> None:
-        """Raise `LeaseLost` when the lease is known lost; never waits."""
-        if self.lost is not None:
-            raise LeaseLost(self.key, holder=self.lost.holder, reason=self.lost.reason)
+        """Raise when the attempt may not go on (`LeaseLost` or `JournalUnavailable`); never waits."""
+        lost = self.lost
+        if isinstance(lost, LeaseLost):
+            raise LeaseLost(self.key, holder=lost.holder, reason=lost.reason)
+        if lost is not None:
+            raise JournalUnavailable(str(lost))
 
     async def ensure(self) -> None:
         """Make sure the lease still holds before a step's body starts (B-10).
@@ -146,30 +135,132 @@ class LeaseKeeper:
         self.check()
         if local_clock() < self._valid_until - self.ttl / 3:
             return
-        await self._call(self._renew())
-        if local_clock() >= self._valid_until and self.lost is None:
-            self._lose(LeaseLost(self.key, holder=None, reason='it could not be renewed before it expired'))
+        sent = local_clock()
+        try:
+            [lease] = await self.journal.renew_leases([self.renewal()])
+        except Exception as exc:
+            self.failed(exc)
+        else:
+            self.answer(sent, lease)
         self.check()
+
+    async def stop(self) -> None:
+        """Stop renewing, and wait for a renewal on its way: nothing renews this lease after it returns (CC-3)."""
+        renewer, self._renewer = self._renewer, None
+        self.retired = True
+        if renewer is not None:
+            await renewer.remove(self)
 
     async def release(self) -> None:
         """Stop renewing and give the lease back if still held; never raises."""
-        renewing, self._renewing = self._renewing, None
-        if self._loop is not None:
-            with contextlib.suppress(Exception):
-                await self._call(self._release(renewing))
-        self._stop_thread()
-
-    async def _release(self, renewing: asyncio.Task[None] | None) -> None:
-        if renewing is not None:
-            renewing.cancel()
-            with contextlib.suppress(BaseException):
-                await renewing
-        try:
-            if self.epoch:
+        await self.stop()
+        if self.epoch and not isinstance(self.lost, LeaseLost):
+            try:
                 await self.journal.release_lease(self.key, self.holder, self.epoch)
+            except Exception as exc:  # an ended attempt's lease is taken over at once anyway (JF-3)
+                log.debug('releasing the lease of %r failed: %r', self.key, exc)
+
+
+class LeaseRenewer:
+    """Renews every lease this process holds in one journal, in one call per round, on the background loop.
+
+    A round renews every lease that is due within half a renewal interval, so leases taken at different
+    moments soon share rounds: a thousand executions cost one statement every few seconds, not a
+    thousand threads and a thousand statements. It runs only while it has leases to keep.
+    """
+
+    _renewers: dict[object, LeaseRenewer] = {}  # noqa: RUF012 - the process-wide registry, by store
+    _registry = threading.Lock()
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self._guard = threading.Lock()
+        self._keepers: set[LeaseKeeper] = set()
+        self._task: concurrent.futures.Future[None] | None = None
+        self._round: concurrent.futures.Future[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def of(cls, journal: Journal) -> LeaseRenewer:
+        """The renewer of `journal`'s store in this process."""
+        identity = store_identity(journal)
+        with cls._registry:
+            renewer = cls._renewers.get(identity)
+            if renewer is None:
+                renewer = cls._renewers[identity] = cls(journal)
+            return renewer
+
+    def add(self, keeper: LeaseKeeper) -> None:
+        with self._guard:
+            self._keepers.add(keeper)
+            if self._task is None:
+                self._loop = background.hold()
+                self._task = asyncio.run_coroutine_threadsafe(self._renew_while_held(), self._loop)
+                return
+            loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            loop.call_soon_threadsafe(wake.set)  # it may be due before the round the renewer sleeps towards
+
+    async def remove(self, keeper: LeaseKeeper) -> None:
+        with self._guard:
+            self._keepers.discard(keeper)
+            running_round = self._round
+            stopping: concurrent.futures.Future[None] | None = None
+            if not self._keepers and self._task is not None:
+                stopping, self._task = self._task, None
+        if running_round is not None:
+            await asyncio.wrap_future(running_round)
+        if stopping is not None:
+            stopping.cancel()  # it sleeps: the round above was its last; its loop ends it if nobody else holds it
+            background.release()
+            with LeaseRenewer._registry, self._guard:
+                if self._task is None and LeaseRenewer._renewers.get(store_identity(self.journal)) is self:
+                    del LeaseRenewer._renewers[store_identity(self.journal)]
+
+    async def _renew_while_held(self) -> None:
+        self._wake = asyncio.Event()
+        try:
+            while True:
+                self._wake.clear()
+                due, wait = self._next_round()
+                if not due:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), wait)
+                    continue
+                await self._renew(due)
         finally:
-            # The connection this thread's loop opened dies with the thread: close it now, not at some
-            # later garbage collection (an optional method of a backend that keeps one per thread or loop).
             detach = getattr(self.journal, 'detach', None)
-            if detach is not None:
+            if detach is not None:  # the background thread's own handles (a disk journal's SQLite connection)
                 await detach()
+
+    def _next_round(self) -> tuple[list[LeaseKeeper], float]:
+        with self._guard:
+            now = local_clock()
+            keepers = [keeper for keeper in self._keepers if keeper.lost is None]
+            due = [keeper for keeper in keepers if keeper.due - keeper.ttl / 6 <= now]
+            if due:
+                self._round = concurrent.futures.Future()
+                return due, 0.0
+            return [], max(0.0, min((keeper.due for keeper in keepers), default=now + 60.0) - now)
+
+    async def _renew(self, due: list[LeaseKeeper]) -> None:
+        sent = local_clock()
+        try:
+            leases: list[Lease | None] = await self.journal.renew_leases([keeper.renewal() for keeper in due])
+        except Exception as exc:
+            for keeper in due:
+                keeper.failed(exc)
+        else:
+            for keeper, lease in zip(due, leases, strict=True):
+                keeper.answer(sent, lease)
+        finally:
+            with self._guard:
+                finished, self._round = self._round, None
+            if finished is not None:
+                finished.set_result(None)
+
+
+def _one_line(error: BaseException, limit: int = 300) -> str:
+    text = ' '.join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + '...'

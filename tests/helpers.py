@@ -16,6 +16,7 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.usage import RequestUsage
 
 from pydantic_ai_durable import Durable, Journal
+from pydantic_ai_durable.journals import Lease, LeaseRenewal
 
 _ARGS = TypeAdapter(dict[str, Any]).validator
 
@@ -154,3 +155,9 @@ class Operator:
 
     async def delete_execution(self, key: str) -> None:
         await self._leased(key, lambda epoch: self.journal.delete_execution(key, epoch=epoch))
+
+
+async def renew(journal: Journal, key: str, holder: str, epoch: int, ttl: float) -> Lease | None:
+    """Renew one lease through the batch call every renewer uses (CC-2), and return the lease now in force."""
+    [lease] = await journal.renew_leases([LeaseRenewal(key, holder, epoch, ttl)])
+    return lease

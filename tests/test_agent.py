@@ -14,7 +14,15 @@ from pydantic_ai.exceptions import UnexpectedModelBehavior, UserError
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from pydantic_ai_durable import DiskJournal, Durable, Journal, JournalError, MemoryJournal, execution
+from pydantic_ai_durable import (
+    DiskJournal,
+    Durable,
+    Journal,
+    JournalError,
+    JournalUnavailable,
+    MemoryJournal,
+    execution,
+)
 from pydantic_ai_durable.journals._json import dumps
 from pydantic_ai_durable.testing import ScriptedModel, ToolCall
 
@@ -515,20 +523,20 @@ async def test_e44_cleaned_up_key_runs_live_again(new_journal: Any) -> None:
 # -- F / G. storage refusals and payload errors -------------------------------------------------------
 
 
-class RefusingJournal(MemoryJournal):
-    """Refuses to store the entries of chosen tools, as a full or failing store would."""
+class FailingJournal(MemoryJournal):
+    """Fails to store the entries of chosen tools, as a full or failing store would."""
 
-    def __init__(self, refuse: str) -> None:
+    def __init__(self, fail: str) -> None:
         super().__init__()
-        self.refuse = refuse
+        self.fail = fail
 
     async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
-        if self.refuse in entry['name']:
-            return False
+        if self.fail in entry['name']:
+            raise OSError(28, 'No space left on device')
         return await super().write_entry(key, run, position, entry, epoch=epoch)
 
 
-async def test_f50_s2_summary_lists_refused_steps(caplog: pytest.LogCaptureFixture) -> None:
+async def test_f50_s2_summary_lists_steps_that_ran_but_were_not_recorded(caplog: pytest.LogCaptureFixture) -> None:
     calls = Calls()
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -537,10 +545,15 @@ async def test_f50_s2_summary_lists_refused_steps(caplog: pytest.LogCaptureFixtu
             return ModelResponse(parts=[ToolCallPart('send_email', {'to': t}, tool_call_id=t) for t in ('a', 'b')])
         return ModelResponse(parts=[TextPart('sent')])
 
-    def send_email(to: str) -> str:
+    both_sending = asyncio.Event()
+
+    async def send_email(to: str) -> str:  # both run before either is recorded, as a parallel batch can
+        if calls.hit('send_email') == 2:
+            both_sending.set()
+        await both_sending.wait()
         return f'sent to {to}'
 
-    journal = RefusingJournal('send_email')
+    journal = FailingJournal('send_email')
     agent = Agent(
         FunctionModel(model, model_name='mailer'),
         name='mailer',
@@ -548,14 +561,15 @@ async def test_f50_s2_summary_lists_refused_steps(caplog: pytest.LogCaptureFixtu
         capabilities=[Durable(journal)],
     )
     caplog.set_level(logging.INFO, logger='pydantic_ai_durable')
-    async with execution('f50', cleanup='never', on_write_error='continue') as handle:
-        await agent.run('mail')
-    assert handle.stats.recorded == {'model': 2}
+    with pytest.raises(JournalUnavailable, match='No space left on device'):
+        async with execution('f50', cleanup='never', write_timeout=0) as handle:
+            await agent.run('mail')
+    assert calls['send_email'] == 2 and calls['model'] == 1  # the attempt stopped before the next request (JF-2)
+    assert handle.stats.recorded == {'model': 1}
     assert handle.stats.not_recorded == [('tool', 'mailer__function_toolset__mail.call_tool:send_email')] * 2
     messages = [record.getMessage() for record in caplog.records]
-    assert sum('could not be recorded' in message for message in messages) == 2
     assert any('send_email (x2)' in message for message in messages)
-    assert any('recorded 2 new steps (2 model, 0 tool, 0 other)' in message for message in messages)
+    assert any('recorded 1 new step (1 model, 0 tool, 0 other)' in message for message in messages)
 
 
 @pytest.mark.parametrize('tool_kind', ['function', 'leaf'])

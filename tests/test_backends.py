@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import diskcache
 import pytest
-from helpers import Operator
+from helpers import Operator, renew
 from pydantic import TypeAdapter
 from pydantic_ai.messages import ModelResponse, TextPart
 from pydantic_ai.usage import RequestUsage
 
 from pydantic_ai_durable import JournalUnavailable, LeaseLost
-from pydantic_ai_durable.journals import DiskJournal, ExecutionInfo, Journal, Lease, RunSnapshot
+from pydantic_ai_durable.journals import DiskJournal, ExecutionInfo, Journal, Lease, LeaseRenewal, RunSnapshot
 from pydantic_ai_durable.journals._common import execution_id
 from pydantic_ai_durable.journals._holder import end_holding, new_holder, start_holding
 
@@ -458,7 +458,7 @@ async def test_b5_lease_refuses_another_holder_while_live(backend_journal: Journ
     assert isinstance(held, Lease)
     assert (held.holder, held.epoch) == ('A', mine.epoch)
     assert before + 29 <= held.expires_at <= time.time() + 31
-    renewed = await j.renew_lease(KEY, 'B', mine.epoch, 30)
+    renewed = await renew(j, KEY, 'B', mine.epoch, 30)
     assert renewed is not None and renewed.holder == 'A'  # B renews nothing
     assert (await j.acquire_lease('another key', 'B', 30)).holder == 'B'  # leases are per execution
 
@@ -525,8 +525,34 @@ async def test_b5_expired_lease_is_taken_over(backend_journal: Journal) -> None:
 
     held = await j.acquire_lease(KEY, 'A', 30)
     assert held.holder == 'B'
-    renewed = await j.renew_lease(KEY, 'A', first.epoch, 30)
+    renewed = await renew(j, KEY, 'A', first.epoch, 30)
     assert renewed is not None and renewed.holder == 'B'  # A lost it
+
+
+async def test_cc2_renew_leases_renews_many_in_one_call_and_answers_each_in_order(backend_journal: Journal) -> None:
+    j = backend_journal
+    mine = await j.acquire_lease('one', 'A', 1)
+    taken = await j.acquire_lease('two', 'A', 0.05)
+    time.sleep(0.1)
+    other = await j.acquire_lease('two', 'B', 60)
+    third = await j.acquire_lease('three', 'A', 1)
+
+    answers = await j.renew_leases(
+        [
+            LeaseRenewal('one', 'A', mine.epoch, 600),
+            LeaseRenewal('two', 'A', taken.epoch, 600),  # B took it over: B's lease comes back, unchanged
+            LeaseRenewal('none', 'A', 1, 600),  # nothing held: None
+            LeaseRenewal('three', 'A', third.epoch, 600),
+        ]
+    )
+
+    one, two, none, three = answers
+    assert one is not None and (one.holder, one.epoch) == ('A', mine.epoch) and one.expires_at > time.time() + 500
+    assert two is not None and (two.holder, two.epoch) == ('B', other.epoch) and two.expires_at < time.time() + 61
+    assert none is None
+    assert three is not None and three.holder == 'A' and three.expires_at > time.time() + 500
+    assert (await j.acquire_lease('one', 'X', 1)).holder == 'A'  # renewed: still held after its first TTL
+    assert await j.renew_leases([]) == []
 
 
 async def test_b13_force_takes_a_live_lease_under_a_new_epoch(backend_journal: Journal) -> None:
@@ -558,13 +584,13 @@ async def test_b12_a_holder_of_this_process_that_ended_is_taken_over_at_once(bac
 
 async def test_b5_renew_extends_only_the_holders_lease(backend_journal: Journal) -> None:
     j = backend_journal
-    assert await j.renew_lease(KEY, 'A', 1, 30) is None  # nothing to renew
+    assert await renew(j, KEY, 'A', 1, 30) is None  # nothing to renew
     mine = await j.acquire_lease(KEY, 'A', 1)
     first = await j.acquire_lease(KEY, 'X', 1)
 
-    wrong_epoch = await j.renew_lease(KEY, 'A', mine.epoch + 1000, 1000)
+    wrong_epoch = await renew(j, KEY, 'A', mine.epoch + 1000, 1000)
     assert wrong_epoch is not None and wrong_epoch.expires_at < first.expires_at + 1
-    renewed = await j.renew_lease(KEY, 'A', mine.epoch, 1000)
+    renewed = await renew(j, KEY, 'A', mine.epoch, 1000)
 
     assert renewed is not None and (renewed.holder, renewed.epoch) == ('A', mine.epoch)
     held = await j.acquire_lease(KEY, 'X', 1)
@@ -583,7 +609,7 @@ async def test_b5_release_frees_only_the_holders_lease_and_keeps_data(backend_jo
     assert (await j.acquire_lease(KEY, 'B', 60)).holder == 'A'
 
     await j.release_lease(KEY, 'A', a.epoch)
-    assert await j.renew_lease(KEY, 'A', a.epoch, 60) is None
+    assert await renew(j, KEY, 'A', a.epoch, 60) is None
     assert (await j.read_run(KEY, '0')).entries == {0: entry('kept')}
     assert (await only_info(j)).status == 'finished'
     b = await j.acquire_lease(KEY, 'B', 60)

@@ -127,6 +127,33 @@ class RefusesNames(Wrapped):
         return await self.inner.write_entry(key, run, position, entry, epoch=epoch)
 
 
+class LosesNames(Wrapped):
+    """Storage that acknowledges the entries of some steps and keeps nothing: their positions stay empty,
+    as a crash between a parallel step's body and its record leaves them (M-3)."""
+
+    def __init__(self, inner: Journal, names: set[str]) -> None:
+        super().__init__(inner)
+        self.names = names
+
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
+        if entry['name'] in self.names:
+            return True
+        return await self.inner.write_entry(key, run, position, entry, epoch=epoch)
+
+
+class FailsNames(Wrapped):
+    """Storage that fails to write the entries of some steps, as a full disk would."""
+
+    def __init__(self, inner: Journal, names: set[str]) -> None:
+        super().__init__(inner)
+        self.names = names
+
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
+        if entry['name'] in self.names:
+            raise OSError(28, 'No space left on device')
+        return await self.inner.write_entry(key, run, position, entry, epoch=epoch)
+
+
 class WriteRaises(Wrapped):
     async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
         raise OSError('disk I/O error')
@@ -269,13 +296,13 @@ async def test_m5_b19_unfingerprinted_step_replays_only_after_a_replay(
 ) -> None:
     j = backend_journal
     bodies = Bodies()
-    first = make_attempt(j, on_write_error='continue')
-    run = await first.start_run(RefusesNames(j, {'t'}))
-    await bodies.run(run, 't', fp='t')  # refused by storage
+    first = make_attempt(j)
+    run = await first.start_run(LosesNames(j, {'t'}))
+    await bodies.run(run, 't', fp='t')  # its position stays empty
     await bodies.run(run, 'o', kind='other', fp=None)
     await bodies.run(run, 'm', kind='model', fp='fm')
     await first.finish(None)
-    assert first.stats.not_recorded == [('tool', 't')]
+    assert 0 not in (await j.read_run(KEY, '0')).entries
 
     second = make_attempt(j)
     run = await second.start_run(j)
@@ -318,16 +345,17 @@ async def test_m6_a9_non_replayable_claim_keeps_the_chain_so_the_next_unfingerpr
     assert bodies.calls == Counter(a=1, remote=2, event=1, b=1)
 
 
-async def test_m3_w2_b20_refused_step_runs_live_and_a_later_step_replays(backend_journal: Journal) -> None:
+async def test_m3_b20_a_step_missing_from_the_journal_runs_live_and_a_later_step_replays(
+    backend_journal: Journal,
+) -> None:
     j = backend_journal
     bodies = Bodies()
-    first = make_attempt(j, on_write_error='continue')
-    run = await first.start_run(RefusesNames(j, {'agent__function_toolset__t.call_tool:send'}))
+    first = make_attempt(j)
+    run = await first.start_run(LosesNames(j, {'agent__function_toolset__t.call_tool:send'}))
     await bodies.run(run, 'agent__function_toolset__t.call_tool:send', fp='s')
     await bodies.run(run, 'agent__model.request', kind='model', fp='m')
     await first.finish(None)
-    assert first.stats.not_recorded == [('tool', 'agent__function_toolset__t.call_tool:send')]
-    assert first.stats.recorded == Counter(model=1)
+    assert list((await j.read_run(KEY, '0')).entries) == [1]
 
     second = make_attempt(j)
     run = await second.start_run(j)
@@ -459,29 +487,6 @@ def failing_save(j: Journal, failure: str) -> tuple[Any, Any, Any]:
             raise ValueError('cannot mask')
 
     return journal, payload, to_record
-
-
-@pytest.mark.parametrize('failure', SAVE_FAILURES)
-async def test_w2_continue_mode_save_that_fails_returns_false_and_warns_at_once(
-    backend_journal: Journal, caplog: pytest.LogCaptureFixture, failure: str
-) -> None:
-    j = backend_journal
-    journal, payload, to_record = failing_save(j, failure)
-    attempt = make_attempt(j, on_write_error='continue')
-    run = await attempt.start_run(journal)
-    run.claim('first', 'tool', 'f')
-    step = run.claim('send_email', 'tool', 'fp')
-
-    saved = await step.record(payload, to_record=to_record)
-
-    assert saved is False
-    assert attempt.stats.not_recorded == [('tool', 'send_email')]
-    assert attempt.stats.recorded.total() == 0
-    assert any('step 1 (send_email)' in warning for warning in warnings_of(caplog))  # at once, not at the end
-    assert 1 not in (await j.read_run(KEY, '0')).entries
-    later = run.claim('later', 'tool', 'fl')  # the attempt goes on
-    await later.start()
-    await attempt.finish(None)
 
 
 @pytest.mark.parametrize('failure', SAVE_FAILURES)
@@ -1485,27 +1490,24 @@ async def test_c5_e43_cleanup_never_raises_when_delete_raises(
 # -- S: stats and summary ------------------------------------------------------------------------
 
 
-async def test_s2_f50_summary_and_warnings_for_steps_not_recorded(
+async def test_s2_f50_summary_and_warnings_for_steps_that_ran_but_were_not_recorded(
     backend_journal: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
     j = backend_journal
     caplog.set_level(logging.INFO, logger=LOGGER)
-    journal = RefusesNames(j, {'send_email', 'notify', 'agent__model.request.big'})
-    attempt = make_attempt(j, on_write_error='continue')
+    journal = FailsNames(j, {'send_email', 'notify', 'agent__model.request.big'})
+    attempt = make_attempt(j, write_timeout=0)
     run = await attempt.start_run(journal)
     await run.claim('agent__model.request', 'model', 'm').record('answer')
-    for name in ('send_email', 'notify', 'send_email'):
-        await run.claim(name, 'tool', name).record('sent')
-    await run.claim('agent__model.request.big', 'model', 'mb').record('big answer')
     await run.claim('agent__capability__c.op', 'other', None).record('op')
-
-    at_refusal = warnings_of(caplog)
-    assert len(at_refusal) == 4
-    for position, name in [(1, 'send_email'), (2, 'notify'), (3, 'send_email'), (4, 'agent__model.request.big')]:
-        assert any(f'step {position} ({name})' in w for w in at_refusal)
+    # A parallel batch whose records all fail: each ran, none is recorded, and the attempt stops (JF-2).
+    batch = [run.claim(name, 'tool', name) for name in ('send_email', 'notify', 'send_email')]
+    batch.append(run.claim('agent__model.request.big', 'model', 'mb'))
+    outcomes = await asyncio.gather(*(step.record('sent') for step in batch), return_exceptions=True)
+    assert all(isinstance(outcome, JournalUnavailable) for outcome in outcomes)
 
     caplog.clear()
-    await attempt.finish(None)
+    await attempt.finish(JournalUnavailable('stopped'))
 
     assert attempt.stats.recorded == Counter(model=1, other=1)
     assert attempt.stats.not_recorded == [
@@ -1521,7 +1523,7 @@ async def test_s2_f50_summary_and_warnings_for_steps_not_recorded(
     tool_warning, model_warning = warnings_of(caplog)
     assert 'send_email (x2), notify' in tool_warning
     assert 'notify (x' not in tool_warning
-    assert '1 model steps were not recorded' in model_warning
+    assert '1 model step was not recorded' in model_warning
     assert 'every step after the first' in model_warning
 
 

@@ -255,6 +255,14 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
         if updated != 1:
             self.set(key, text)  # a new row, or one whose side file `set` removes (confined, see `remove`)
 
+    def leases_naming(self, fragment: str, *, besides: str) -> bool:
+        """Whether a lease row (`<eid>/l`) other than `besides` holds `fragment`, a holder's process token."""
+        row = self._con.execute(
+            "SELECT 1 FROM Cache WHERE key GLOB '*/l' AND key != ? AND raw = 1 AND instr(value, ?) > 0 LIMIT 1",
+            (besides, fragment),
+        ).fetchone()
+        return row is not None
+
     @property
     def _con(self) -> sqlite3.Connection:
         con: sqlite3.Connection = super()._con

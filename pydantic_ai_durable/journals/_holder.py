@@ -17,7 +17,16 @@ import socket
 import threading
 import time
 
-__all__ = ('end_holding', 'is_this_process', 'local_clock', 'new_holder', 'ours_and_ended', 'start_holding')
+__all__ = (
+    'end_holding',
+    'is_this_process',
+    'local_clock',
+    'new_holder',
+    'ours_and_ended',
+    'process_token',
+    'start_holding',
+    'token_of',
+)
 
 _state = threading.Lock()
 _live: set[str] = set()
@@ -42,7 +51,13 @@ def new_holder() -> str:
     return f'{socket.gethostname()}:{os.getpid()}:{_token}:{next(_serial)}'
 
 
-def _token_of(holder: str) -> str | None:
+def process_token() -> str:
+    """This process's random token, the third part of every holder name it makes."""
+    return _token
+
+
+def token_of(holder: str) -> str | None:
+    """The process token inside `holder`, or `None` for a name of another format (an older release)."""
     parts = holder.rsplit(':', 3)
     if len(parts) != 4 or not parts[1].isdigit() or not parts[3].isdigit():
         return None  # another format (an older release): nothing can be proved about it
@@ -50,7 +65,7 @@ def _token_of(holder: str) -> str | None:
 
 
 def is_this_process(holder: str) -> bool:
-    return _token_of(holder) == _token
+    return token_of(holder) == _token
 
 
 def start_holding(holder: str) -> None:
@@ -73,7 +88,7 @@ def ours_and_ended(holder: str) -> bool:
 
 def is_proper(holder: str) -> bool:
     """Whether `holder` has this release's format, so a store's liveness proof applies to it."""
-    return _token_of(holder) is not None
+    return token_of(holder) is not None
 
 
 _BOOTTIME = getattr(time, 'CLOCK_BOOTTIME', None)

@@ -7,10 +7,19 @@ surface this small is what lets memory, disk and Postgres pass one contract suit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-__all__ = ('ExecutionInfo', 'Journal', 'Lease', 'RunSnapshot')
+__all__ = ('DEADLINE', 'ExecutionInfo', 'Journal', 'Lease', 'LeaseRenewal', 'RunSnapshot')
+
+DEADLINE: ContextVar[float | None] = ContextVar('pydantic_ai_durable.deadline', default=None)
+"""When the caller stops retrying the journal call it makes, on `local_clock()`, or `None`.
+
+A backend that may wait inside a call (for a pooled connection) waits no longer than this, so a journal
+that cannot be reached stops an attempt after `write_timeout`, as a failing write does (JF-2).
+"""
 
 ExecutionStatus = Literal['running', 'failed', 'finished']
 
@@ -40,6 +49,16 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class LeaseRenewal:
+    """One lease to renew: `holder` holds `key` under `epoch`, and wants it for `ttl` more seconds."""
+
+    key: str
+    holder: str
+    epoch: int
+    ttl: float
+
+
+@dataclass(frozen=True)
 class ExecutionInfo:
     """One line of `list_executions` (SPEC B-6)."""
 
@@ -63,7 +82,8 @@ class Journal(Protocol):
     write that returned `True` survives a SIGKILL of the process the next instant (B-2). Reads raise
     when the store cannot be read; a stored value that does not decode comes back as `None` (or
     whatever non-dict it decodes to), which the core reads as a miss and reports once (J-3, B-3).
-    Lease calls come from the attempt's lease thread, on an event loop of its own.
+    Calls come from any event loop of the process: the user's, and the package's background loop,
+    which renews leases (CC-2).
     """
 
     async def open(self) -> None:
@@ -111,8 +131,14 @@ class Journal(Protocol):
         """
         ...
 
-    async def renew_lease(self, key: str, holder: str, epoch: int, ttl: float) -> Lease | None:
-        """Extend the lease if `holder` still holds it under `epoch`; return the lease now in force (`None`: none)."""
+    async def renew_leases(self, leases: Sequence[LeaseRenewal]) -> list[Lease | None]:
+        """Extend each lease its holder still holds under its epoch, all in one statement or transaction.
+
+        Returns, in the order asked, the lease now in force for each key (`None`: none), so a renewal
+        refused because another holder took over is told apart from one that went through. Raises when
+        the store cannot be reached; the renewer then retries (B-10). One process renews every lease it
+        holds in a journal with one call per interval (CC-2).
+        """
         ...
 
     async def release_lease(self, key: str, holder: str, epoch: int) -> None:

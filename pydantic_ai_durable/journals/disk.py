@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
 import logging
 import os
-import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,14 +18,10 @@ from .._errors import JournalUnavailable, LeaseLost
 from . import _json
 from ._common import execution_id, status_of
 from ._disk_format import JournalCache
-from ._files import DEFAULT_MODE, check_mode, make_directory, open_file
-from ._holder import boot_id, is_proper, local_clock, ours_and_ended
-from ._protocol import ExecutionInfo, Lease, RunSnapshot
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no lock files, so a dead holder is waited for
-    fcntl = None  # type: ignore[assignment]
+from ._files import DEFAULT_MODE, check_mode, open_file
+from ._holder import boot_id, is_proper, local_clock, ours_and_ended, token_of
+from ._process_lock import drop_lock, hold_lock, lock_file, lockable
+from ._protocol import ExecutionInfo, Lease, LeaseRenewal, RunSnapshot
 
 __all__ = ('DiskJournal', 'default_directory')
 
@@ -52,8 +46,6 @@ _EPOCH_KEY = 'epoch'
 _IDENTITY_KEY = 'journal'
 """The journal's id inside its database; the same id is kept in `_MARKER` beside it (JF-4)."""
 _MARKER = 'journal-id'
-_LOCKS = 'locks'
-"""Subdirectory of the lock files live holders keep locked, so another process can prove a holder dead (B-12)."""
 
 
 @dataclass(frozen=True)
@@ -138,9 +130,6 @@ class DiskJournal:
         """Per (execution, run): record names the stored head lists."""
         self._stamped: dict[str, float] = {}
         """Per execution: when this object last wrote the head's `updated`."""
-        self._locks: dict[str, int] = {}
-        """Per holder of this process: the descriptor of its locked lock file (B-12)."""
-        self._locks_guard = threading.Lock()
 
     def __repr__(self) -> str:
         shared = f', mode={self.mode:#o}' if self.mode != DEFAULT_MODE else ''
@@ -533,61 +522,27 @@ class DiskJournal:
             boot if isinstance(boot, str) else None,
         )
 
-    def _lock_path(self, holder: str) -> Path:
-        return self.path / _LOCKS / (hashlib.sha256(holder.encode('utf-8', 'surrogatepass')).hexdigest()[:32] + '.lock')
+    def _proved_dead(self, cache: Any, eid: str, holder: str) -> bool:
+        """Whether `holder`'s process is gone: an ended attempt of ours, or a lock file nobody keeps locked (B-12).
 
-    def _hold_lock(self, holder: str) -> None:
-        """Create and lock `holder`'s lock file; it stays locked while this process holds the lease."""
-        if fcntl is None or holder in self._locks:
-            return
-        path = self._lock_path(holder)
-        make_directory(path.parent, self.mode)
-        fd = open_file(path, self.mode)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException:
-            os.close(fd)
-            raise
-        with self._locks_guard:
-            self._locks[holder] = fd
-
-    def _drop_lock(self, holder: str) -> None:
-        with self._locks_guard:
-            fd = self._locks.pop(holder, None)
-        if fd is None:
-            return
-        with contextlib.suppress(OSError):
-            os.unlink(self._lock_path(holder))
-        os.close(fd)
-
-    def _proved_dead(self, holder: str) -> bool:
-        """Whether `holder`'s process is gone: an ended attempt of ours, or a lock file nobody keeps locked."""
+        A proved-dead process's lock file is removed once no other lease names that process, so the
+        proof still holds for each execution it left behind, and nothing stays behind after the last.
+        """
         if ours_and_ended(holder):
             return True
-        if fcntl is None or not is_proper(holder):
-            return False  # nothing can be proved: wait for the lease to expire
-        path = self._lock_path(holder)
-        try:
-            fd = os.open(path, os.O_RDWR | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0))
-        except OSError:
-            return False  # no lock file (removed by hand, another release): in doubt, wait
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return False  # locked: the holder's process lives
-            raise
-        else:
+        path = lock_file(self.path, holder) if is_proper(holder) else None
+        if path is None or not lockable(path):
+            return False  # alive, or nothing can be proved: wait for the lease to expire
+        token = token_of(holder)
+        if token is not None and not cache.leases_naming(f':{token}:', besides=f'{eid}/l'):
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            return True
-        finally:
-            os.close(fd)
+        return True
 
     async def acquire_lease(self, key: str, holder: str, ttl: float, *, force: bool = False) -> Lease:
         eid = execution_id(key)
         cache = self._open_cache()
-        self._hold_lock(holder)
+        hold_lock(self.path, self.mode)
         try:
             with cache.transact():
                 held = self._lease(cache, eid)
@@ -596,7 +551,7 @@ class DiskJournal:
                     or held is None
                     or not held.live(time.time(), local_clock(), boot_id())
                     or held.holder == holder
-                    or self._proved_dead(held.holder)
+                    or self._proved_dead(cache, eid, held.holder)
                 ):
                     granted = held.lease()
                 else:
@@ -605,20 +560,24 @@ class DiskJournal:
                     cache.set(_EPOCH_KEY, _json.dumps(epoch))
                     granted = self._store_lease(cache, eid, holder, epoch, ttl)
         except BaseException:
-            self._drop_lock(holder)
+            drop_lock(self.path)
             raise
         if granted.holder != holder:
-            self._drop_lock(holder)
+            drop_lock(self.path)
         return granted
 
-    async def renew_lease(self, key: str, holder: str, epoch: int, ttl: float) -> Lease | None:
-        eid = execution_id(key)
+    async def renew_leases(self, leases: Sequence[LeaseRenewal]) -> list[Lease | None]:
         cache = self._open_cache()
-        with cache.transact():
-            held = self._lease(cache, eid)
-            if held is None or (held.holder, held.epoch) != (holder, epoch):
-                return held.lease() if held is not None else None
-            return self._store_lease(cache, eid, holder, epoch, ttl)
+        answers: list[Lease | None] = []
+        with cache.transact():  # every lease of this process in this journal: one transaction (CC-2)
+            for asked in leases:
+                eid = execution_id(asked.key)
+                held = self._lease(cache, eid)
+                if held is None or (held.holder, held.epoch) != (asked.holder, asked.epoch):
+                    answers.append(held.lease() if held is not None else None)
+                else:
+                    answers.append(self._store_lease(cache, eid, asked.holder, asked.epoch, asked.ttl))
+        return answers
 
     @staticmethod
     def _store_lease(cache: Any, eid: str, holder: str, epoch: int, ttl: float) -> Lease:
@@ -639,7 +598,7 @@ class DiskJournal:
         except Exception as exc:
             log.debug('releasing a lease failed: %r', exc)
         finally:
-            self._drop_lock(holder)
+            drop_lock(self.path)
 
 
 def _value_files(path: Path) -> Any:

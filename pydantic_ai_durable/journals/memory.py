@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from .._errors import LeaseLost
 from . import _json
 from ._common import status_of
 from ._holder import local_clock, ours_and_ended
-from ._protocol import ExecutionInfo, Lease, RunSnapshot
+from ._protocol import ExecutionInfo, Lease, LeaseRenewal, RunSnapshot
 
 __all__ = ('MemoryJournal',)
 
@@ -152,15 +153,20 @@ class MemoryJournal:
                 held = stored.lease = _Held(holder, next(self._epochs), now + ttl)
             return held.lease()
 
-    async def renew_lease(self, key: str, holder: str, epoch: int, ttl: float) -> Lease | None:
+    async def renew_leases(self, leases: Sequence[LeaseRenewal]) -> list[Lease | None]:
+        answers: list[Lease | None] = []
         with self._lock:
-            stored = self._executions.get(key)
-            held = stored.lease if stored is not None else None
-            if stored is None or held is None:
-                return None
-            if (held.holder, held.epoch) == (holder, epoch):
-                held = stored.lease = _Held(holder, epoch, local_clock() + ttl)
-            return held.lease()
+            now = local_clock()
+            for asked in leases:
+                stored = self._executions.get(asked.key)
+                held = stored.lease if stored is not None else None
+                if stored is None or held is None:
+                    answers.append(None)
+                    continue
+                if (held.holder, held.epoch) == (asked.holder, asked.epoch):
+                    held = stored.lease = _Held(asked.holder, asked.epoch, now + asked.ttl)
+                answers.append(held.lease())
+        return answers
 
     async def release_lease(self, key: str, holder: str, epoch: int) -> None:
         with self._lock:
