@@ -114,7 +114,7 @@ class _Server:
                 f'{(result.stderr or result.stdout).strip()[-2000:]}\n{log}'
             )
 
-    def start(self, *, crashable: bool = False) -> str:
+    def start(self, *, crashable: bool = False, max_connections: int = 300) -> str:
         """Start the server; `crashable` keeps every commit safe from `crash()` (a kill of the server's processes)."""
         if self.as_postgres:
             shutil.chown(self.root, 'postgres', 'postgres')
@@ -124,7 +124,7 @@ class _Server:
                 f'-p {self.port}',
                 f'-k {self.root}',
                 '-c listen_addresses=127.0.0.1',
-                '-c max_connections=300',
+                f'-c max_connections={max_connections}',
                 # The machine itself never crashes in tests: skip the fsyncs. A commit still reaches the
                 # kernel before it is acknowledged unless synchronous_commit is off, which only a server
                 # that is never killed may have.

@@ -7,7 +7,10 @@ a loaded machine; how fast concurrent executions run is `benchmarks/concurrency.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -353,3 +356,118 @@ async def test_cc5_renewals_failing_with_the_store_raise_journal_unavailable_not
         await work.one('full', lease_ttl=0.6)
     assert not isinstance(raised.value, LeaseLost)
     assert 'goes on with the execution' not in str(raised.value)
+
+
+# -- CC-5: limits give one clear error each, or a wait, never noise ----------------------------------
+
+
+async def test_cc5_a_pool_smaller_than_the_number_of_executions_makes_them_wait_not_fail() -> None:
+    dsn, schema = fresh_schema()
+    application = f'cc5-{schema}'
+    journal = PostgresJournal(f'{dsn} application_name={application}', schema=schema, max_size=2)
+    try:
+        peak = await _peak_while_all_inside(lambda: journal, 30, lambda: _connections(dsn, application))
+    finally:
+        await journal.close()
+    assert 1 <= peak <= 2
+
+
+async def test_cc5_no_free_connection_in_time_names_the_bound_and_how_to_raise_it() -> None:
+    import psycopg
+
+    dsn, schema = fresh_schema()
+    journal = PostgresJournal(dsn, schema=schema, max_size=1, pool_timeout=0.5)
+    lease = await journal.acquire_lease('busy', 'tests', 60)
+    blocker = await psycopg.AsyncConnection.connect(dsn)
+    try:
+        async with blocker.transaction():  # holds the execution's row: the journal's one connection waits on it
+            await blocker.execute(f'SELECT 1 FROM "{schema}".executions WHERE key = %s FOR UPDATE', (b'busy',))
+            waiting = asyncio.ensure_future(journal.write_execution('busy', {'v': 1}, epoch=lease.epoch))
+            await asyncio.sleep(0.2)
+            with pytest.raises(JournalUnavailable) as starved:
+                await journal.read_execution('busy')
+        assert await waiting is True
+    finally:
+        await blocker.close()
+        await journal.close()
+    message = str(starved.value)
+    assert 'all 1 connections of its pool were busy' in message
+    assert 'max_size=' in message and 'pool_timeout=' in message
+
+
+CHILD_AT_THE_FD_LIMIT = """
+import asyncio, json, resource, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from test_concurrency import Workload, _KEY
+from pydantic_ai_durable import DiskJournal, JournalUnavailable
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+async def main():
+    root = tempfile.mkdtemp()
+    work = Workload(DiskJournal(root + '/open'))
+    outputs = await asyncio.gather(*(work.one(f'k{n}') for n in range(300)), return_exceptions=True)
+    ok = sum(output == 'done' for output in outputs)
+    hoard = []  # every descriptor the process may still open, taken
+    try:
+        while True:
+            hoard.append(open('/dev/null'))
+    except OSError:
+        pass
+    starved = Workload(DiskJournal(root + '/new'))
+    refused = await asyncio.gather(*(starved.one(f'k{n}') for n in range(20)), return_exceptions=True)
+    for file in hoard:
+        file.close()
+    print(json.dumps({
+        'ok': ok,
+        'refused': [type(error).__name__ for error in refused],
+        'message': str(refused[0]),
+    }))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='RLIMIT_NOFILE and /dev/null')
+def test_cc5_running_out_of_descriptors_is_one_clear_error_per_execution_and_nothing_on_stderr(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / 'child.py'
+    script.write_text(CHILD_AT_THE_FD_LIMIT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(Path(__file__).parent)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result['ok'] == 300  # 300 executions at a limit of 128 descriptors: none needs one of its own
+    assert result['refused'] == ['JournalUnavailable'] * 20
+    assert 'Too many open files' in result['message']
+    assert done.stderr == ''
+
+
+async def test_cc1_a_pool_of_the_users_own_serves_the_journal_and_stays_open() -> None:
+    from psycopg_pool import AsyncConnectionPool
+
+    dsn, schema = fresh_schema()
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=3, open=False)
+    await pool.open()  # without autocommit, as a user's pool often is: each statement still commits
+    try:
+        journal = PostgresJournal(pool=pool, schema=schema)
+        work = Workload(journal)
+        assert await asyncio.gather(*(work.one(f'own-{n}', cleanup='never') for n in range(20))) == ['done'] * 20
+        await journal.close()
+        assert not pool.closed
+        reader = PostgresJournal(dsn, schema=schema)  # what the user's pool wrote is committed
+        try:
+            assert len((await reader.read_run('own-7', '0')).entries) == 7
+        finally:
+            await reader.close()
+    finally:
+        await pool.close()
+
+
+def test_cc1_postgres_journal_needs_a_dsn_or_a_pool() -> None:
+    with pytest.raises(TypeError, match='either a dsn or an open pool'):
+        PostgresJournal()
+    with pytest.raises(ValueError, match='max_size'):
+        PostgresJournal('dbname=x', max_size=0)
