@@ -212,7 +212,8 @@ def main() -> None:
         server, dsn = start_server()
     print(f'pydantic-ai-durable concurrency benchmark, {os.cpu_count()} cores, Python {sys.version.split()[0]}')
     print(
-        '| N | configuration | succeeded | steps/s (vs bare) | peak threads | peak fds | peak RSS MB | PG connections | stderr lines |'
+        '| N | configuration | succeeded | steps/s (vs bare) | peak threads | peak fds | peak RSS MB '
+        '| PG connections | stderr lines |'
     )
     print('|---|---|---|---|---|---|---|---|---|')
     try:
