@@ -87,7 +87,7 @@ async def time_agent(directory: Path | None, durability: Durability, steps: int)
         return (time.perf_counter() - started) / (2 * steps + 1)
     journal = DiskJournal(directory, durability=durability)
     durable = agent(steps, journal)
-    async with execution('bench-agent', cleanup='never') as handle:
+    async with execution('bench-agent', cleanup='keep') as handle:
         started = time.perf_counter()
         await durable.run('go', usage_limits=UNLIMITED)
         elapsed = time.perf_counter() - started

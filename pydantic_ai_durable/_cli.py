@@ -28,9 +28,9 @@ import diskcache  # type: ignore[import-untyped]
 from ._errors import JournalUnavailable
 from ._journal import _latest_spend, _Meta, _parse_entry
 from .journals import _json
-from .journals._common import delete_under_lease, status_of
+from .journals._common import delete_under_lease, metadata_of, state_of
 from .journals._dsn import mask_dsn, scrub
-from .journals._protocol import Journal, RunSnapshot
+from .journals._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionState, Journal, RunSnapshot
 from .journals.disk import DiskJournal, default_directory
 
 __all__ = ('EXIT_NOT_FOUND', 'EXIT_OK', 'EXIT_USAGE', 'main', 'parse_duration', 'run_order')
@@ -157,7 +157,7 @@ def _build_parser(prog: str) -> argparse.ArgumentParser:
         ('list', 'list the executions in the journal'),
         ('show', 'show the runs and steps recorded for one execution'),
         ('delete', 'delete everything recorded for one execution'),
-        ('prune', 'delete executions not updated for a while'),
+        ('prune', 'delete finished executions whose retention ended, or any not updated for a while'),
     ):
         sub[name] = commands.add_parser(name, help=help_text, description=help_text.capitalize() + '.')
         shared(sub[name], top=False)
@@ -166,14 +166,39 @@ def _build_parser(prog: str) -> argparse.ArgumentParser:
     sub['delete'].add_argument(
         '--force', action='store_true', help='delete even while a live attempt holds the execution'
     )
+    sub['list'].add_argument(
+        '--state',
+        metavar='STATE[,STATE]',
+        type=_states_argument,
+        default=None,
+        help='only executions in these states: running, interrupted, failed, finished',
+    )
     sub['prune'].add_argument(
         '--older-than',
         metavar='DURATION',
         type=_duration_argument,
-        required=True,
-        help='age since the last write, e.g. 30s, 15m, 12h, 7d, 2w or 1d12h',
+        default=None,
+        help='age since the last write, e.g. 30s, 15m, 12h, 7d, 2w or 1d12h '
+        '(without it: finished executions whose retention ended)',
+    )
+    sub['prune'].add_argument(
+        '--state',
+        metavar='STATE[,STATE]',
+        type=_states_argument,
+        default=None,
+        help='with --older-than: which states to delete (default finished; also interrupted, failed)',
     )
     return parser
+
+
+def _states_argument(text: str) -> tuple[ExecutionState, ...]:
+    names = [name.strip() for name in text.split(',') if name.strip()]
+    unknown = [name for name in names if name not in EXECUTION_STATES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f'invalid state {", ".join(unknown) or repr(text)}: use {", ".join(EXECUTION_STATES)} (comma-separated)'
+        )
+    return tuple(name for name in EXECUTION_STATES if name in names)
 
 
 # -- opening the journal ---------------------------------------------------------------------------
@@ -275,31 +300,32 @@ def _run(target: _Target, action: Callable[[Journal], Awaitable[_T]]) -> _T:
 
 @dataclass
 class _Found:
-    """What is known about one execution: its record (runs, attempts) and its status."""
+    """What is known about one execution: its record (runs, attempts), its state and its metadata."""
 
     key: str
     record: dict[str, Any] | None
-    status: str
+    state: ExecutionState
     updated: float | None
     runs: list[tuple[str, RunSnapshot]]
+    retain_until: float | None = None
 
 
 async def _find(journal: Journal, key: str) -> _Found | None:
     """The execution `key`, or `None` when nothing is stored under it.
 
-    The status comes from listing, not from the execution record: only the lease tells a live
-    attempt from one that died, and a new attempt holds the lease before its record says so.
+    The state comes from listing, not from the execution record: only the lease, judged as the engine
+    judges a takeover, tells a live attempt from one that died (FN-3).
     """
     record = await journal.read_execution(key)
     info = next((item for item in await journal.list_executions() if item.key == key), None)
     if record is None and info is None:
         return None
-    status = info.status if info is not None else status_of(record, leased=False)
+    state = info.state if info is not None else state_of(record, leased=False)
     updated = _epoch(info.updated) if info is not None else _epoch((record or {}).get('updated'))
     listed = (record or {}).get('runs')
     names = sorted({run for run in listed if isinstance(run, str)} if isinstance(listed, list) else (), key=run_order)
     runs = [(run, await journal.read_run(key, run)) for run in names]
-    return _Found(key, record, status, updated, runs)
+    return _Found(key, record, state, updated, runs, info.retain_until if info is not None else None)
 
 
 def _not_found(key: str, target: _Target) -> _Failure:
@@ -422,39 +448,48 @@ def _plural(count: int, word: str) -> str:
 # -- commands --------------------------------------------------------------------------------------
 
 
-def _list(target: _Target, as_json: bool) -> int:
-    infos = _run(target, lambda journal: journal.list_executions())
+def _metadata_text(metadata: dict[str, Any] | None, limit: int = 40) -> str:
+    return _cell(json.dumps(metadata, ensure_ascii=False, separators=(',', ':')), limit) if metadata else ''
+
+
+def _info_json(info: ExecutionInfo) -> dict[str, Any]:
+    return {
+        'key': info.key,
+        'state': info.state,
+        'runs': info.runs,
+        'steps': info.steps,
+        'bytes': info.bytes,
+        'updated': _utc(_epoch(info.updated)),
+        'updated_epoch': _epoch(info.updated),
+        'metadata': info.metadata,
+        'retain_until': _utc(info.retain_until),
+        'retain_until_epoch': info.retain_until,
+    }
+
+
+def _list(target: _Target, states: tuple[ExecutionState, ...] | None, as_json: bool) -> int:
+    infos = _run(target, lambda journal: journal.list_executions(state=states))
     if as_json:
-        _print_json(
-            [
-                {
-                    'key': info.key,
-                    'status': info.status,
-                    'runs': info.runs,
-                    'steps': info.steps,
-                    'bytes': info.bytes,
-                    'updated': _utc(_epoch(info.updated)),
-                    'updated_epoch': _epoch(info.updated),
-                }
-                for info in infos
-            ]
-        )
+        _print_json([_info_json(info) for info in infos])
         return EXIT_OK
     if not infos:
-        _print_lines([f'no executions in {target.label}'])
+        which = f' {"/".join(states)}' if states else ''
+        _print_lines([f'no{which} executions in {target.label}'])
         return EXIT_OK
     rows = [
         [
             _cell(info.key, _KEY_WIDTH),
-            _cell(info.status, _KIND_WIDTH),
+            _cell(info.state, _KIND_WIDTH),
             str(info.runs),
             str(info.steps),
             _size(info.bytes),
             _local(_epoch(info.updated)),
+            _metadata_text(info.metadata),
         ]
         for info in infos
     ]
-    _print_lines(_table(['KEY', 'STATUS', 'RUNS', 'STEPS', 'SIZE', 'LAST UPDATE'], rows, right={2, 3, 4}))
+    headers = ['KEY', 'STATE', 'RUNS', 'STEPS', 'SIZE', 'LAST UPDATE', 'METADATA']
+    _print_lines([line.rstrip() for line in _table(headers, rows, right={2, 3, 4})])
     return EXIT_OK
 
 
@@ -566,8 +601,11 @@ def _show(target: _Target, key: str, as_json: bool) -> int:
         _print_json(
             {
                 'key': found.key,
-                'status': found.status,
+                'state': found.state,
                 'attempts': attempts,
+                'metadata': metadata_of(record),
+                'retain_until': _utc(found.retain_until),
+                'retain_until_epoch': found.retain_until,
                 'updated': _utc(updated),
                 'updated_epoch': updated,
                 'runs': [
@@ -584,10 +622,14 @@ def _show(target: _Target, key: str, as_json: bool) -> int:
     steps = sum(len(snapshot.entries) for _, snapshot in found.runs)
     lines = [
         f'execution  {_cell(found.key, 100)}',
-        f'status     {_escape(found.status)}' + (f', {_plural(attempts, "attempt")}' if attempts is not None else ''),
+        f'state      {_escape(found.state)}' + (f', {_plural(attempts, "attempt")}' if attempts is not None else ''),
         f'updated    {_local(updated)}',
         f'recorded   {_plural(len(found.runs), "run")}, {_plural(steps, "step")}',
     ]
+    if found.retain_until is not None:
+        lines.append(f'retained   until {_local(found.retain_until)}, then deleted by retention')
+    if metadata_of(record):
+        lines.append(f'metadata   {_metadata_text(metadata_of(record), 100)}')
     if found.record is None:
         lines.append('           (no execution record: its runs cannot be listed)')
     for run, snapshot in found.runs:
@@ -611,10 +653,11 @@ def _delete(target: _Target, key: str, *, force: bool, as_json: bool) -> int:
         if found is None:
             return None
         running = _Failure(
-            f'execution {_quote(key)} is running (a live attempt holds its lease); '
-            'stop it first, or pass --force to delete it anyway (that attempt then stops at its next step)'
+            f'execution {_quote(key)} is running: an attempt holds its lease and the journal cannot prove that '
+            "attempt's process dead; stop it first, or pass --force to delete it anyway (that attempt then stops "
+            'at its next step)'
         )
-        if found.status == 'running' and not force:
+        if found.state == 'running' and not force:
             raise running
         await journal.open()  # a read-only or unreachable store says so here
         # The lease is taken first (a new epoch), so the attempt that held it can write nothing more (B-13).
@@ -630,37 +673,76 @@ def _delete(target: _Target, key: str, *, force: bool, as_json: bool) -> int:
         raise _not_found(key, target)
     steps = sum(len(snapshot.entries) for _, snapshot in found.runs)
     if as_json:
-        _print_json({'deleted': found.key, 'status': found.status, 'runs': len(found.runs), 'steps': steps})
+        _print_json({'deleted': found.key, 'state': found.state, 'runs': len(found.runs), 'steps': steps})
     else:
         _print_lines(
             [
-                f'deleted execution {_quote(found.key)} ({_escape(found.status)}, '
+                f'deleted execution {_quote(found.key)} ({_escape(found.state)}, '
                 f'{_plural(len(found.runs), "run")}, {_plural(steps, "step")}) from {target.label}'
             ]
         )
     return EXIT_OK
 
 
-def _prune(target: _Target, older_than: _Duration, as_json: bool) -> int:
-    text = older_than.text
+def _prune(
+    target: _Target, older_than: _Duration | None, states: tuple[ExecutionState, ...] | None, as_json: bool
+) -> int:
+    if older_than is None and states is not None:
+        raise _Failure(
+            '--state applies with --older-than; without it, prune deletes expired finished executions', EXIT_USAGE
+        )
+    chosen: tuple[ExecutionState, ...] = states or ('finished',)
+    if 'running' in chosen:
+        raise _Failure('prune never deletes running executions; delete one with `delete KEY --force`', EXIT_USAGE)
 
-    async def prune(journal: Journal) -> list[str]:
+    async def prune(journal: Journal) -> tuple[list[str], list[ExecutionInfo]]:
         await journal.open()
-        return await journal.prune(older_than.seconds)
+        if older_than is None:
+            pruned = await journal.prune()
+        else:
+            pruned = await journal.prune(older_than.seconds, states=chosen)
+        return pruned, (await journal.list_executions() if not pruned else [])
 
-    pruned = _run(target, prune)
+    pruned, left = _run(target, prune)
     if as_json:
         _print_json(pruned)
-    elif not pruned:
-        _print_lines([f'nothing to prune: every execution in {target.label} was updated within {text}'])
-    else:
-        _print_lines(
-            [
-                f'pruned {_plural(len(pruned), "execution")} not updated for {text}:',
-                *(f'  {_cell(k, 100)}' for k in pruned),
-            ]
+    elif pruned:
+        what = (
+            f'not updated for {older_than.text} ({"/".join(chosen)})'
+            if older_than is not None
+            else 'finished, whose retention ended'
         )
+        _print_lines([f'pruned {_plural(len(pruned), "execution")} {what}:', *(f'  {_cell(k, 100)}' for k in pruned)])
+    else:
+        _print_lines([f'nothing to prune in {target.label}: {_why_nothing(left, older_than, chosen)}'])
     return EXIT_OK
+
+
+def _why_nothing(left: list[ExecutionInfo], older_than: _Duration | None, chosen: tuple[str, ...]) -> str:
+    """The real reason a prune deleted nothing, from what the journal holds."""
+    if not left:
+        return 'it holds no executions'
+    held = ', '.join(f'{count} {state}' for state, count in _count_states(left).items())
+    if older_than is None:
+        finished = [info for info in left if info.state == 'finished']
+        kept = [info for info in finished if info.retain_until is None]
+        waiting = [info.retain_until for info in finished if info.retain_until is not None]
+        reasons = [f'it holds {held}']
+        if waiting:
+            reasons.append(f'the first retention ends {_local(min(waiting))}')
+        if kept:
+            reasons.append(f'{_plural(len(kept), "finished execution")} kept without retention')
+        reasons.append('only finished executions whose retention ended are pruned (--older-than for others)')
+        return '; '.join(reasons)
+    matching = [info for info in left if info.state in chosen]
+    if not matching:
+        return f'it holds {held}, none {"/".join(chosen)} (--state chooses others)'
+    return f'every {"/".join(chosen)} execution was updated within {older_than.text} ({held})'
+
+
+def _count_states(infos: list[ExecutionInfo]) -> dict[str, int]:
+    counts = {state: sum(info.state == state for info in infos) for state in EXECUTION_STATES}
+    return {state: count for state, count in counts.items() if count}
 
 
 # -- entry point -----------------------------------------------------------------------------------
@@ -678,12 +760,12 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     try:
         target = _open_target(options.journal, options.schema)
         if options.command == 'list':
-            return _list(target, options.json)
+            return _list(target, options.state, options.json)
         if options.command == 'show':
             return _show(target, options.key, options.json)
         if options.command == 'delete':
             return _delete(target, options.key, force=options.force, as_json=options.json)
-        return _prune(target, options.older_than, options.json)
+        return _prune(target, options.older_than, options.state, options.json)
     except _Failure as failure:
         message = _escape(' '.join(str(failure).splitlines()))
         if failure.code == EXIT_USAGE:

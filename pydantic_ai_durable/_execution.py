@@ -12,9 +12,11 @@ from typing import Any, TypeVar
 
 from pydantic_ai.usage import RunUsage
 
+from ._errors import DurableError
 from ._journal import Attempt, CleanupMode, Stats
 from ._usage import RunSpend
 from .journals._protocol import Journal
+from .journals._retention import FROM_JOURNAL, Retention
 from .journals.disk import DiskJournal, default_directory
 
 __all__ = ('Execution', 'ExecutionUsage', 'current_attempt', 'execution')
@@ -99,8 +101,11 @@ class execution:
     earlier attempts of `key` recorded. Works as `async with` and as `with` (for `run_sync`). When a
     journal is given, it is opened and leased on entry, so a journal that cannot be written raises
     `JournalUnavailable` before any model is called; otherwise each agent's journal is opened when its
-    first run starts. On exit without an exception the execution's entries are deleted (`cleanup=
-    "execution"`, the default); `"run"` deletes each run as it succeeds, `"never"` keeps everything.
+    first run starts. On exit without an exception the execution is marked finished and kept
+    (`cleanup="keep"`, the default), so entering the key again replays it, until `retention` (default:
+    the journal's, seven days; `None`: never) ends; `"execution"` deletes it instead, for a key that
+    will be reused for new work, and `"run"` deletes each run as it succeeds. `metadata` is a small JSON
+    object stored with the execution (what a worker needs to restart it), returned by listings.
 
     A journal write that fails is retried for `write_timeout` seconds (default: a third of `lease_ttl`);
     if it still fails the attempt stops with `JournalUnavailable` before its next step, so nothing runs
@@ -113,10 +118,12 @@ class execution:
         key: str,
         *,
         journal: Journal | None = None,
-        cleanup: CleanupMode = 'execution',
+        cleanup: CleanupMode = 'keep',
         lease_ttl: float = 30.0,
         write_timeout: float | None = None,
         rerun_unjournalable: bool = False,
+        retention: Retention = FROM_JOURNAL,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         self._attempt = Attempt(
             key,
@@ -126,14 +133,26 @@ class execution:
             lease_ttl=lease_ttl,
             write_timeout=write_timeout,
             rerun_unjournalable=rerun_unjournalable,
+            retention=retention,
+            metadata=metadata,
         )
         self._handle = Execution(self._attempt)
         self._attempt.handle = self._handle
         self._token: Token[Attempt | None] | None = None
 
-    async def __aenter__(self) -> Execution:
+    def _check_entry(self) -> None:
         if self._token is not None:
             raise RuntimeError('An execution() object can be entered only once; create a new one per attempt.')
+        outer = current_attempt()
+        if outer is not None and outer.key == self._attempt.key:
+            raise DurableError(
+                f'execution({self._attempt.key!r}) is already active here: an execution cannot be entered inside '
+                'itself (its lease is held by the outer scope, and the inner one would number its runs anew). '
+                'Run every agent of the execution inside the one scope, or give the inner work a key of its own.'
+            )
+
+    async def __aenter__(self) -> Execution:
+        self._check_entry()
         if self._attempt.journal is not None:
             await self._attempt.open(self._attempt.journal)
         self._token = _ATTEMPT.set(self._attempt)
@@ -147,8 +166,7 @@ class execution:
         await self._attempt.finish(exc)
 
     def __enter__(self) -> Execution:
-        if self._token is not None:
-            raise RuntimeError('An execution() object can be entered only once; create a new one per attempt.')
+        self._check_entry()
         if self._attempt.journal is not None:
             _run_blocking(self._attempt.open(self._attempt.journal))
         self._token = _ATTEMPT.set(self._attempt)

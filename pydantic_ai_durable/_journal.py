@@ -22,6 +22,7 @@ from ._errors import ExecutionBusy, JournalError, JournalUnavailable, LeaseLost,
 from ._lease import LeaseKeeper, store_identity
 from .journals._holder import end_holding, local_clock, new_holder, start_holding
 from .journals._protocol import DEADLINE, Journal, RunSnapshot
+from .journals._retention import DEFAULT_RETENTION, FROM_JOURNAL, Retention, check_metadata, retention_seconds
 
 _R = TypeVar('_R')
 
@@ -45,7 +46,13 @@ log = logging.getLogger('pydantic_ai_durable')
 
 Kind = Literal['model', 'tool', 'other']
 KINDS: tuple[Kind, ...] = ('model', 'tool', 'other')
-CleanupMode = Literal['execution', 'run', 'never']
+CleanupMode = Literal['keep', 'execution', 'run']
+"""What the end of a successful attempt does: `keep` the finished execution until its retention ends (a retry
+replays it), delete the whole `execution`, or delete each `run` as it succeeds."""
+
+_AUTO_PRUNE = 8
+"""How many expired executions the end of a successful attempt deletes at most (FN-2)."""
+
 
 ENTRY_VERSION = 1
 """Format version written into every entry, run record and execution record (B-3)."""
@@ -592,6 +599,11 @@ _RETRY_MAX = 0.5
 """Backoff between tries of a failing journal call: from 20 ms, doubling, at most half a second."""
 
 
+def _journal_retention(journal: Journal) -> float | None:
+    """The journal's own retention (`DiskJournal(retention=...)`), or seven days for a journal without one."""
+    return retention_seconds(getattr(journal, 'retention', DEFAULT_RETENTION), f'{journal!r}.retention')
+
+
 @dataclass
 class _JournalState:
     """What an attempt holds on one journal: the lease, and the execution record it maintains."""
@@ -622,11 +634,18 @@ class Attempt:
         lease_ttl: float,
         write_timeout: float | None = None,
         rerun_unjournalable: bool = False,
+        retention: Retention = FROM_JOURNAL,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f'An execution key must be a non-empty string, not {key!r}.')
-        if cleanup not in ('execution', 'run', 'never'):
-            raise ValueError(f"cleanup must be 'execution', 'run' or 'never', not {cleanup!r}.")
+        if cleanup == 'never':  # type: ignore[comparison-overlap]
+            raise ValueError(
+                "cleanup='never' is now cleanup='keep', the default: a finished execution is kept, and a retry "
+                'replays it; pass retention=None to keep it until it is pruned by hand.'
+            )
+        if cleanup not in ('keep', 'execution', 'run'):
+            raise ValueError(f"cleanup must be 'keep', 'execution' or 'run', not {cleanup!r}.")
         if not isinstance(lease_ttl, (int, float)) or not lease_ttl > 0:
             raise ValueError(f'lease_ttl must be a positive number of seconds, not {lease_ttl!r}.')
         if write_timeout is None:
@@ -640,6 +659,9 @@ class Attempt:
         self.lease_ttl = float(lease_ttl)
         self.write_timeout = float(write_timeout)
         self.rerun_unjournalable = rerun_unjournalable
+        self.retention = FROM_JOURNAL if retention is FROM_JOURNAL else retention_seconds(retention)
+        """Seconds a finished execution is kept (`None`: until pruned); unset: the journal's (FN-1)."""
+        self.metadata = check_metadata(metadata)
         self.stats = Stats()
         self.number = 1
         self.holder = new_holder()
@@ -728,8 +750,13 @@ class Attempt:
                 return True
 
             await self.store(state, 'the cleanup of the execution', delete, patient=patient)  # C-2, or C-1
+        elif error is None:  # FN-1: finished, and kept until its retention ends
+            retention = self.retention if self.retention is not FROM_JOURNAL else _journal_retention(journal)
+            await self._write_record(
+                state, status='finished', finished=time.time(), retention=retention, patient=patient
+            )
         else:
-            await self._write_record(state, status='failed' if error is not None else 'finished', patient=patient)
+            await self._write_record(state, status='failed', patient=patient)
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -796,6 +823,10 @@ class Attempt:
         state.runs = [run for run in listed if isinstance(run, str)] if isinstance(listed, list) else []
         attempts = record.get('attempts')
         self.number = (attempts if type(attempts) is int else 0) + 1
+        record.pop('retention', None)  # running again: out of retention's reach until it ends (FN-2)
+        record.pop('finished', None)
+        if self.metadata is not None:
+            record['metadata'] = self.metadata
         state.record = {
             **record,
             'v': ENTRY_VERSION,
@@ -911,9 +942,22 @@ class Attempt:
                 lost = keeper.lost  # a dead process writes nothing above; a stale attempt may not (B-9)
             await keeper.release()
         end_holding(self.holder)
+        if error is None:
+            await self._prune_expired()
         self._log_summary()
         if error is None and lost is not None:
             raise LeaseLost(self.key, holder=lost.holder, reason=lost.reason)
+
+    async def _prune_expired(self) -> None:
+        """Delete a few finished executions whose retention ended: a bounded, indexed cost per attempt (FN-2)."""
+        for state in self._states.values():
+            try:
+                pruned = await state.journal.prune(limit=_AUTO_PRUNE)
+            except Exception as exc:  # retention is housekeeping: the attempt itself succeeded
+                log.debug('pruning expired executions of %r failed: %r', state.journal, exc)
+                continue
+            if pruned:
+                log.info('Retention deleted %d finished executions of %r.', len(pruned), state.journal)
 
     def _log_summary(self) -> None:
         stats = self.stats

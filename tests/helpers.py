@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextvars
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -161,3 +163,13 @@ async def renew(journal: Journal, key: str, holder: str, epoch: int, ttl: float)
     """Renew one lease through the batch call every renewer uses (CC-2), and return the lease now in force."""
     [lease] = await journal.renew_leases([LeaseRenewal(key, holder, epoch, ttl)])
     return lease
+
+
+def elsewhere(coro: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
+    """Run `coro` as another attempt would: in a task of this loop, outside every execution scope around it.
+
+    A task normally inherits the scope it was started in, and an execution cannot be entered inside
+    itself (FN-5); another process's attempt shares nothing with this one, so its task starts from an
+    empty context.
+    """
+    return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())

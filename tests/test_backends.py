@@ -286,7 +286,7 @@ async def test_j3_garbage_record_and_execution_read_as_absent(backend_case: Back
     assert not isinstance(snapshot.records.get('meta'), dict)
     assert snapshot.records['usage'] == {'v': 1, 'requests': 1}
     assert unreadable_record(await j.read_execution(KEY))
-    assert (await only_info(j)).status == 'failed'
+    assert (await only_info(j)).state == 'interrupted'
 
 
 # -- deleting ------------------------------------------------------------------------------------
@@ -380,13 +380,13 @@ async def test_b6_list_executions_reports_key_runs_steps_bytes_and_update(backen
     [
         ('running', True, 'running'),
         ('finished', True, 'running'),
-        ('running', 'expired', 'failed'),  # an expired lease is no proof of life
-        ('running', False, 'failed'),  # its attempt died without saying so
+        ('running', 'expired', 'interrupted'),  # an expired lease is no proof of life
+        ('running', False, 'interrupted'),  # its attempt died without saying so
         ('failed', False, 'failed'),
         ('finished', False, 'finished'),
     ],
 )
-async def test_b6_list_executions_status(
+async def test_b6_fn3_list_executions_state(
     backend_journal: Journal, record_status: str, leased: bool | str, expected: str
 ) -> None:
     j = backend_journal
@@ -394,7 +394,7 @@ async def test_b6_list_executions_status(
     if leased:
         assert (await j.acquire_lease(KEY, 'holder', 0.05 if leased == 'expired' else 60)).holder == 'holder'
         time.sleep(0.1 if leased == 'expired' else 0)
-    assert (await only_info(j)).status == expected
+    assert (await only_info(j)).state == expected
 
 
 async def test_b6_b13_prune_deletes_old_unleased_executions_only(backend_journal: Journal) -> None:
@@ -408,7 +408,7 @@ async def test_b6_b13_prune_deletes_old_unleased_executions_only(backend_journal
     time.sleep(1.2)  # the store's own clock ages them: no client clock is consulted (B-11)
     await operator.write_entry('recent', '0', 0, entry('recent'))
 
-    pruned = await j.prune(older_than=0.6)
+    pruned = await j.prune(older_than=0.6, states=('finished', 'interrupted'))
 
     assert sorted(pruned) == ['old', 'old-lease-expired']
     assert [info.key for info in await j.list_executions()] == ['old-but-leased', 'recent']
@@ -428,7 +428,7 @@ async def test_b13_prune_never_deletes_a_live_lease_whatever_the_client_clock_sa
 
     assert await j.prune(older_than=86400) == []
     assert (await j.read_run(KEY, '0')).entries == {0: entry('in progress')}
-    assert (await only_info(j)).status == 'running'
+    assert (await only_info(j)).state == 'running'
     assert await j.write_entry(KEY, '0', 1, entry('still its own'), epoch=lease.epoch)
 
 
@@ -437,10 +437,10 @@ async def test_b6_prune_keeps_executions_touched_recently(backend_store: Journal
     await j.write_entry('k', '0', 0, entry('first'))
     time.sleep(2.1)  # a disk journal stamps an execution's update time at most every 2 s
     await j.write_entry('k', '0', 1, entry('touched later'))  # any write refreshes the execution
-    assert await j.prune(older_than=2.0) == []
+    assert await j.prune(older_than=2.0, states=('interrupted',)) == []
     assert (await j.read_run('k', '0')).entries == {0: entry('first'), 1: entry('touched later')}
     time.sleep(2.1)
-    assert await j.prune(older_than=2.0) == ['k']
+    assert await j.prune(older_than=2.0, states=('interrupted',)) == ['k']
     assert await j.list_executions() == []
 
 
@@ -611,7 +611,7 @@ async def test_b5_release_frees_only_the_holders_lease_and_keeps_data(backend_jo
     await j.release_lease(KEY, 'A', a.epoch)
     assert await renew(j, KEY, 'A', a.epoch, 60) is None
     assert (await j.read_run(KEY, '0')).entries == {0: entry('kept')}
-    assert (await only_info(j)).status == 'finished'
+    assert (await only_info(j)).state == 'finished'
     b = await j.acquire_lease(KEY, 'B', 60)
     assert b.holder == 'B'
     await j.release_lease(KEY, 'A', a.epoch)  # released twice: no effect on B

@@ -106,19 +106,19 @@ def outer_agent(journal: Journal, inner: Agent[None, str]) -> Agent[None, str]:
 
 
 async def record_executions(journal: Journal) -> None:
-    """Four executions kept by `cleanup='never'`: plain, nested (twelve runs), failed, and a long key."""
+    """Four executions kept by `cleanup='keep'`: plain, nested (twelve runs), failed, and a long key."""
     calls = Calls()
     agent = two_step_agent(journal, calls)
-    async with execution(ORDER, cleanup='never'):
+    async with execution(ORDER, cleanup='keep'):
         await agent.run('count the rows')
-    async with execution(NESTED, cleanup='never'):
+    async with execution(NESTED, cleanup='keep'):
         await outer_agent(journal, two_step_agent(journal, calls)).run('delegate it')
         for _ in range(10):
             await agent.run('again')
     with pytest.raises(RuntimeError, match='model crashed'):
-        async with execution(FAILED, cleanup='never'):
+        async with execution(FAILED, cleanup='keep'):
             await two_step_agent(journal, calls, fail_final=True).run('count the rows')
-    async with execution(LONG, cleanup='never'):
+    async with execution(LONG, cleanup='keep'):
         await agent.run('count the rows')
     await journal.close()
 
@@ -181,7 +181,7 @@ def test_cli1_list_table(recorded: Path) -> None:
     result = cli('--journal', str(recorded), 'list')
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ['KEY', 'STATUS', 'RUNS', 'STEPS', 'SIZE', 'LAST', 'UPDATE']
+    assert lines[0].split() == ['KEY', 'STATE', 'RUNS', 'STEPS', 'SIZE', 'LAST', 'UPDATE', 'METADATA']
     assert len(lines) == 1 + len(KEYS)  # the newline inside a key does not break the table
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows[ORDER][1:4] == ['finished', '1', '3']
@@ -199,8 +199,8 @@ def test_cli1_list_json_matches_the_journal(recorded: Path) -> None:
     infos = run(list_all(DiskJournal(recorded)))
     assert [item['key'] for item in listed] == [info.key for info in infos] == KEYS
     for item, info in zip(listed, infos, strict=True):
-        assert (item['status'], item['runs'], item['steps'], item['bytes']) == (
-            info.status,
+        assert (item['state'], item['runs'], item['steps'], item['bytes']) == (
+            info.state,
             info.runs,
             info.steps,
             info.bytes,
@@ -262,7 +262,7 @@ def test_cli1_show_json_matches_read_run(recorded: Path) -> None:
         shown = json.loads(result.stdout)
         assert shown['key'] == key
         assert shown['attempts'] == record['attempts'] == 1
-        assert shown['status'] == ('failed' if key == FAILED else 'finished')
+        assert shown['state'] == ('failed' if key == FAILED else 'finished')
         assert [item['run'] for item in shown['runs']] == sorted(runs, key=run_order)
         shown_runs[key] = [item['run'] for item in shown['runs']]
         for item in shown['runs']:
@@ -339,7 +339,7 @@ def test_cli2_delete_then_show(journal_copy: Path) -> None:
     assert run(read_all(DiskJournal(journal_copy), ORDER)) == (None, {})
     assert [info.key for info in run(list_all(DiskJournal(journal_copy)))] == [k for k in KEYS if k != ORDER]
     deleted = cli('--journal', str(journal_copy), 'delete', NESTED, '--json', module=True)
-    assert json.loads(deleted.stdout) == {'deleted': NESTED, 'status': 'finished', 'runs': 12, 'steps': 36}
+    assert json.loads(deleted.stdout) == {'deleted': NESTED, 'state': 'finished', 'runs': 12, 'steps': 36}
 
 
 def test_cli2_delete_refuses_a_running_execution(journal_copy: Path) -> None:
@@ -350,7 +350,7 @@ def test_cli2_delete_refuses_a_running_execution(journal_copy: Path) -> None:
 
     run(hold())
     listed = json.loads(cli('--journal', str(journal_copy), 'list', '--json').stdout)
-    assert {item['key']: item['status'] for item in listed}[FAILED] == 'running'
+    assert {item['key']: item['state'] for item in listed}[FAILED] == 'running'
     assert 'running' in cli('--journal', str(journal_copy), 'show', FAILED).stdout
     line = one_line_error(cli('--journal', str(journal_copy), 'delete', FAILED), 1)
     assert 'is running' in line and '--force' in line
@@ -365,7 +365,12 @@ def test_cli1_prune(journal_copy: Path) -> None:
     assert len(run(list_all(DiskJournal(journal_copy)))) == len(KEYS)
     pruned = cli('--journal', str(journal_copy), 'prune', '--older-than', '0s', '--json')
     assert pruned.returncode == 0, pruned.stderr
-    assert json.loads(pruned.stdout) == KEYS
+    assert json.loads(pruned.stdout) == [key for key in KEYS if key != FAILED]  # finished ones only, by default
+    assert [info.key for info in run(list_all(DiskJournal(journal_copy)))] == [FAILED]
+    again = cli('--journal', str(journal_copy), 'prune', '--older-than', '0s')
+    assert 'it holds 1 failed, none finished (--state chooses others)' in again.stdout
+    failed = cli('--journal', str(journal_copy), 'prune', '--older-than', '0s', '--state', 'failed,interrupted')
+    assert failed.returncode == 0 and FAILED in failed.stdout
     assert run(list_all(DiskJournal(journal_copy))) == []
     assert 'no executions in' in cli('--journal', str(journal_copy), 'list').stdout
 
@@ -384,10 +389,20 @@ def test_cli2_prune_with_a_bad_duration_is_a_usage_error(journal_copy: Path) -> 
         [],
         ['explode'],
         ['show'],
-        ['prune'],
+        ['prune', '--state', 'failed'],
+        ['prune', '--older-than', '1d', '--state', 'running'],
+        ['list', '--state', 'asleep'],
         ['--schema', 'x', 'list'],
     ],
-    ids=['no-command', 'unknown-command', 'show-without-key', 'prune-without-age', 'schema-for-a-directory'],
+    ids=[
+        'no-command',
+        'unknown-command',
+        'show-without-key',
+        'prune-state-without-age',
+        'prune-running',
+        'unknown-state',
+        'schema-for-a-directory',
+    ],
 )
 def test_cli2_usage_errors(recorded: Path, args: list[str]) -> None:
     result = cli('--journal', str(recorded), *args)
@@ -488,8 +503,8 @@ def test_cli1_postgres(pg_schema: tuple[str, str]) -> None:
     listed = cli('--journal', url, '--schema', schema, 'list', '--json')
     assert listed.returncode == 0, listed.stderr
     infos = run(list_all(PostgresJournal(dsn, schema=schema)))
-    assert [(i['key'], i['status'], i['runs'], i['steps'], i['bytes']) for i in json.loads(listed.stdout)] == [
-        (info.key, info.status, info.runs, info.steps, info.bytes) for info in infos
+    assert [(i['key'], i['state'], i['runs'], i['steps'], i['bytes']) for i in json.loads(listed.stdout)] == [
+        (info.key, info.state, info.runs, info.steps, info.bytes) for info in infos
     ]
     _, runs = run(read_all(PostgresJournal(dsn, schema=schema), FAILED))
     shown = cli('show', FAILED, '--journal', dsn, '--schema', schema)  # a libpq key=value DSN works too
@@ -500,7 +515,9 @@ def test_cli1_postgres(pg_schema: tuple[str, str]) -> None:
     assert cli('--journal', url, '--schema', schema, 'delete', ORDER).returncode == 0
     assert 'no execution' in one_line_error(cli('--journal', url, '--schema', schema, 'show', ORDER), 1)
     pruned = cli('--journal', url, '--schema', schema, 'prune', '--older-than', '0s', '--json')
-    assert json.loads(pruned.stdout) == [key for key in KEYS if key != ORDER]
+    assert json.loads(pruned.stdout) == [key for key in KEYS if key not in (ORDER, FAILED)]
+    pruned = cli('--journal', url, '--schema', schema, 'prune', '--older-than', '0s', '--state', 'failed', '--json')
+    assert json.loads(pruned.stdout) == [FAILED]
 
     missing = schema + '_missing'
     line = one_line_error(cli('--journal', url, '--schema', missing, 'list'), 1)

@@ -119,7 +119,7 @@ async def test_cc1_fifty_concurrent_opens_on_one_journal_all_succeed(make_journa
     keys = [f'open-{n}' for n in range(50)]
 
     async def enter(key: str) -> int:
-        async with execution(key, journal=journal, cleanup='never') as handle:
+        async with execution(key, journal=journal, cleanup='keep') as handle:
             await asyncio.sleep(0.01)
             return handle.attempt
 
@@ -163,7 +163,7 @@ async def test_cc1_fifty_concurrent_executions_killed_at_random_lose_no_acknowle
                 crashed_after_body[key] += 1
         token = STEP_OBSERVER.set(_AcknowledgeOrCrash(acknowledged, crash))
         try:
-            return await work.one(key, cleanup='never')
+            return await work.one(key, cleanup='keep')
         except SimulatedCrash:
             return None
         finally:
@@ -179,7 +179,7 @@ async def test_cc1_fifty_concurrent_executions_killed_at_random_lose_no_acknowle
         stored |= {(key, '0', position) for position in snapshot.entries}
     assert acknowledged - stored == set(), 'acknowledged entries are missing from the store'
 
-    assert await asyncio.gather(*(work.one(key, cleanup='never') for key in keys)) == ['done'] * 50
+    assert await asyncio.gather(*(work.one(key, cleanup='keep') for key in keys)) == ['done'] * 50
     for key in keys:
         for n in range(1, STEPS + 1):
             runs = work.effects[(key, n)]
@@ -454,7 +454,7 @@ async def test_cc1_a_pool_of_the_users_own_serves_the_journal_and_stays_open() -
     try:
         journal = PostgresJournal(pool=pool, schema=schema)
         work = Workload(journal)
-        assert await asyncio.gather(*(work.one(f'own-{n}', cleanup='never') for n in range(20))) == ['done'] * 20
+        assert await asyncio.gather(*(work.one(f'own-{n}', cleanup='keep') for n in range(20))) == ['done'] * 20
         await journal.close()
         assert not pool.closed
         reader = PostgresJournal(dsn, schema=schema)  # what the user's pool wrote is committed

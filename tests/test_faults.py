@@ -83,7 +83,7 @@ async def assert_resumes(journal: Any, tools: Tools, key: str, *, recorded: int)
     `recorded` steps (positions 0 to recorded - 1) were acknowledged: none of their tools may run again.
     """
     before = Counter(tools.calls)
-    async with execution(key, journal=journal, cleanup='never') as handle:
+    async with execution(key, journal=journal, cleanup='keep') as handle:
         result = await tools.agent().run('go')
     assert result.output == EXPECTED
     assert replayed(handle) == recorded
@@ -120,7 +120,7 @@ async def test_jf2_postgres_restarted_mid_run_retries_writes_and_records_every_s
     journal = PostgresJournal(crashable.dsn, schema='faults')
     tools = Tools()
     tools.during[3] = crash_for(crashable, 2.0)  # inside step 5 (tool 3): down for 2 s
-    async with execution('restart', journal=journal, cleanup='never', lease_ttl=30) as handle:  # retries for 10 s
+    async with execution('restart', journal=journal, cleanup='keep', lease_ttl=30) as handle:  # retries for 10 s
         result = await tools.agent().run('go')
     assert result.output == EXPECTED
     assert handle.stats.not_recorded == []
@@ -137,7 +137,7 @@ async def test_jf2_postgres_down_longer_than_the_retries_stops_the_attempt_befor
     tools = Tools()
     tools.during[3] = crash_for(crashable, 3.0)
     with pytest.raises(JournalUnavailable) as stopped:
-        async with execution('outage', journal=journal, cleanup='never', write_timeout=0.5):
+        async with execution('outage', journal=journal, cleanup='keep', write_timeout=0.5):
             await tools.agent().run('go')
     assert 'step 5' in str(stopped.value) and 'nothing ran unrecorded' in str(stopped.value)
     assert dict(tools.calls) == {1: 1, 2: 1, 3: 1}  # no side effect after the unrecorded step
@@ -158,14 +158,14 @@ async def test_jf1_postgres_entries_locked_past_statement_timeout_stop_before_an
     tools = Tools()
     tools.during[3] = crash
     with pytest.raises(RuntimeError):
-        async with execution('locked', journal=journal, cleanup='never'):
+        async with execution('locked', journal=journal, cleanup='keep'):
             await tools.agent().run('go')
     recorded = dict(tools.calls)
 
     with psycopg.connect(dsn) as blocker:  # holds the lock until the block ends
         blocker.execute(sql.SQL('LOCK TABLE {}.entries IN ACCESS EXCLUSIVE MODE').format(sql.Identifier(schema)))
         with pytest.raises(JournalUnavailable) as unavailable:
-            async with execution('locked', journal=journal, cleanup='never', write_timeout=0.5):
+            async with execution('locked', journal=journal, cleanup='keep', write_timeout=0.5):
                 await tools.agent().run('go')
         blocker.rollback()
     assert 'statement timeout' in str(unavailable.value) or 'canceling statement' in str(unavailable.value)
@@ -180,7 +180,7 @@ async def record_then_break(path: Path, tools: Tools, key: str, *, payload: int 
     tools.during[3] = crash
     journal = DiskJournal(path)
     with pytest.raises(RuntimeError):
-        async with execution(key, journal=journal, cleanup='never'):
+        async with execution(key, journal=journal, cleanup='keep'):
             await tools.agent(payload=payload).run('go')
     await journal.close()  # the last connection checkpoints the WAL into cache.db
     backup = path.with_name('backup')
@@ -206,7 +206,7 @@ async def test_jf1_disk_corrupted_pages_stop_before_any_step(tmp_path: Path) -> 
     calls = dict(tools.calls)
 
     with pytest.raises(JournalUnavailable) as unavailable:
-        async with execution('corrupt', journal=DiskJournal(path), cleanup='never', write_timeout=0.2):
+        async with execution('corrupt', journal=DiskJournal(path), cleanup='keep', write_timeout=0.2):
             await tools.agent().run('go')
     assert 'malformed' in str(unavailable.value) or 'not a database' in str(unavailable.value)
     assert dict(tools.calls) == calls

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Calls, two_step_agent
+from helpers import Calls, elsewhere, two_step_agent
 from pg import fresh_schema
 
 from pydantic_ai_durable import DiskJournal, ExecutionBusy, Journal, LeaseLost, PostgresJournal, execution
@@ -72,7 +72,7 @@ CHILD = textwrap.dedent(
         deadline = time.monotonic() + 60
         while True:
             try:
-                scope = execution(config['key'], journal=journal, lease_ttl=config['ttl'], cleanup='never')
+                scope = execution(config['key'], journal=journal, lease_ttl=config['ttl'], cleanup='keep')
                 async with scope as handle:
                     note(f'{role} holds the lease')
                     result = await agent.run('go')
@@ -192,7 +192,7 @@ async def test_b10_lease_loss_is_noticed_within_a_third_of_the_ttl_and_stops_the
     new_journal: Callable[[], Journal],
 ) -> None:
     journal = new_journal()
-    attempt = Attempt('noticed', journal=journal, default_journal=lambda: journal, cleanup='never', lease_ttl=1.5)
+    attempt = Attempt('noticed', journal=journal, default_journal=lambda: journal, cleanup='keep', lease_ttl=1.5)
     run = await attempt.start_run(journal)
     step = run.claim('first', 'tool', 'f')
     await step.start()
@@ -215,7 +215,7 @@ async def test_b10_a_paused_attempt_renews_before_its_next_step_and_goes_on_when
     new_journal: Callable[[], Journal],
 ) -> None:
     journal = new_journal()
-    attempt = Attempt('paused', journal=journal, default_journal=lambda: journal, cleanup='never', lease_ttl=0.6)
+    attempt = Attempt('paused', journal=journal, default_journal=lambda: journal, cleanup='keep', lease_ttl=0.6)
     run = await attempt.start_run(journal)
     keeper = run.state.keeper
     renewer = LeaseRenewer.of(journal)
@@ -238,13 +238,17 @@ async def test_b11_attempts_whose_clocks_disagree_agree_on_the_holder(
 ) -> None:
     _, open_journal = store
     calls = Calls()
-    async with execution('clocks', journal=open_journal(), cleanup='never', lease_ttl=30) as first:
+    async with execution('clocks', journal=open_journal(), cleanup='keep', lease_ttl=30) as first:
         real_time = time.time
         monkeypatch.setattr(time, 'time', lambda: real_time() + skew)  # the second host's clock is off by 10 min
         try:
-            with pytest.raises(ExecutionBusy) as busy:
+
+            async def second() -> None:
                 async with execution('clocks', journal=open_journal()):
                     await two_step_agent(None, calls).run('q')
+
+            with pytest.raises(ExecutionBusy) as busy:
+                await elsewhere(second())
         finally:
             monkeypatch.setattr(time, 'time', real_time)
         await two_step_agent(None, calls).run('q')
@@ -356,7 +360,7 @@ async def test_b13_delete_force_takes_the_lease_so_the_running_attempt_stops(tmp
     calls = Calls()
     agent = two_step_agent(None, calls)
     with pytest.raises(LeaseLost):
-        async with execution('forced', journal=DiskJournal(path), cleanup='never'):
+        async with execution('forced', journal=DiskJournal(path), cleanup='keep'):
             await agent.run('first run')
             code = await asyncio.to_thread(cli_main, ['--journal', str(path), 'delete', 'forced', '--force'])
             assert code == 0
@@ -373,7 +377,7 @@ def test_b13_delete_without_force_refuses_a_running_execution_even_when_its_stat
     path = tmp_path / 'journal'
 
     async def hold_and_delete() -> int:
-        async with execution('held', journal=DiskJournal(path), cleanup='never'):
+        async with execution('held', journal=DiskJournal(path), cleanup='keep'):
             await two_step_agent(None, Calls()).run('q')
             return await asyncio.to_thread(cli_main, ['--journal', str(path), 'delete', 'held'])
 

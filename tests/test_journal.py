@@ -36,7 +36,7 @@ LOGGER = 'pydantic_ai_durable'
 
 
 def make_attempt(
-    journal: Journal, key: str = KEY, cleanup: CleanupMode = 'never', lease_ttl: float = 30, **options: Any
+    journal: Journal, key: str = KEY, cleanup: CleanupMode = 'keep', lease_ttl: float = 30, **options: Any
 ) -> Attempt:
     options.setdefault('write_timeout', 0.2)  # a failing store is retried this long before the attempt stops
     return Attempt(
@@ -1438,7 +1438,7 @@ async def test_c4_fully_replayed_attempt_still_leaves_an_empty_journal(backend_j
 
 @pytest.mark.parametrize(
     ('cleanup', 'error', 'status'),
-    [('execution', RuntimeError('failed'), 'failed'), ('never', None, 'finished'), ('run', None, 'finished')],
+    [('execution', RuntimeError('failed'), 'failed'), ('keep', None, 'finished'), ('run', None, 'finished')],
 )
 async def test_c3_entries_stay_unless_execution_cleanup_succeeds(
     backend_journal: Journal, cleanup: CleanupMode, error: BaseException | None, status: str
@@ -1447,11 +1447,11 @@ async def test_c3_entries_stay_unless_execution_cleanup_succeeds(
     attempt = make_attempt(j, cleanup=cleanup)
     run = await attempt.start_run(j)
     await run.claim('a', 'tool', 'f').record('a')
-    assert [info.status for info in await j.list_executions()] == ['running']
+    assert [info.state for info in await j.list_executions()] == ['running']
     await attempt.finish(error)
     assert (await j.read_run(KEY, '0')).entries[0]['payload'] == 'a'
     (info,) = await j.list_executions()
-    assert (info.status, info.steps) == (status, 1)
+    assert (info.state, info.steps) == (status, 1)
     assert (await j.read_execution(KEY) or {})['status'] == status
 
 
@@ -1462,7 +1462,7 @@ async def test_c3_simulated_crash_writes_nothing_but_frees_the_lease(backend_jou
     await run.claim('a', 'tool', 'f').record('a')
     await attempt.finish(SimulatedCrash())
     (info,) = await j.list_executions()
-    assert info.status == 'failed'  # the record still says running, but nobody holds it
+    assert info.state == 'interrupted'  # the record still says running, but nobody holds it
     assert (await j.read_execution(KEY) or {})['status'] == 'running'
     assert (await j.acquire_lease(KEY, 'next attempt', 30)).holder == 'next attempt'
 
@@ -1584,7 +1584,8 @@ async def test_b12_jf3_lease_left_by_an_ended_attempt_of_this_process_is_taken_o
     first = make_attempt(j, lease_ttl=3600)
     await first.start_run(ReleaseFails(j))
     await first.finish(RuntimeError('the run failed'))
-    assert [info.status for info in await j.list_executions()] == ['running']  # still leased, for an hour
+    # Still leased, for an hour, but by an ended attempt of this process: not running, as the engine judges (FN-3).
+    assert [info.state for info in await j.list_executions()] == ['failed']
 
     attempt = make_attempt(j)
     started = time.monotonic()

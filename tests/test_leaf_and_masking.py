@@ -60,7 +60,7 @@ async def crash_then_resume(new_journal: Any, key: str, calls: Calls, tool: Call
     with pytest.raises(RuntimeError, match='final request crashed'):
         async with execution(key):
             await leaf_agent(new_journal(), calls, tool, crash_final=True, **kwargs).run('find it')
-    async with execution(key, cleanup='never') as handle:  # kept, so tests can read what was recorded
+    async with execution(key, cleanup='keep') as handle:  # kept, so tests can read what was recorded
         result = await leaf_agent(new_journal(), calls, tool, crash_final=False, **kwargs).run('find it')
     return result, handle
 
@@ -281,7 +281,7 @@ async def test_k7_secret_in_tool_results_args_and_model_text_never_in_what_tools
         toolsets=[FunctionToolset([echo], id='e')],
         capabilities=[Durable(journal)],
     )
-    async with execution('grep', cleanup='never'):
+    async with execution('grep', cleanup='keep'):
         await agent.run('go')
     entries = await all_entries(journal, 'grep')
     tool_text = json.dumps([e for e in entries if e['kind'] == 'tool'])
@@ -314,7 +314,7 @@ async def test_p5_a_leaf_without_an_id_is_journaled_under_its_class_name(new_jou
         )
 
     for _attempt in range(2):
-        async with execution('p5-no-id', cleanup='never') as handle:
+        async with execution('p5-no-id', cleanup='keep') as handle:
             assert (await build().run('go')).output == 'a: 3'
     assert (calls['model'], calls['tool']) == (2, 1)
     assert handle.stats.replayed == {'model': 2, 'tool': 1}

@@ -153,7 +153,7 @@ async def test_u16_operation_usage_counts_once_per_live_run_over_crashes(journal
 
 
 async def test_u16_replayed_operation_adds_no_usage(journal: Journal) -> None:
-    async with execution('u16-replay', journal=journal, cleanup='never') as live:
+    async with execution('u16-replay', journal=journal, cleanup='keep') as live:
         first = await shop_with_usage()
     async with execution('u16-replay', journal=journal) as replay:
         second = await shop_with_usage()

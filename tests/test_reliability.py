@@ -30,7 +30,7 @@ from typing import Any
 
 import diskcache
 import pytest
-from helpers import Operator
+from helpers import Operator, elsewhere
 from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -391,7 +391,7 @@ async def test_b5_lease_is_renewed_while_a_long_step_runs(tmp_path: Path) -> Non
         return busy.value, probed_at
 
     async with execution('long', journal=journal, lease_ttl=1.0):
-        result, (busy, probed_at) = await asyncio.gather(agent.run('go'), second_attempt())
+        result, (busy, probed_at) = await asyncio.gather(agent.run('go'), elsewhere(second_attempt()))
     assert result.output == 'done'
     assert busy.expires_at > probed_at  # renewed: still live at the probe
     assert busy.holder.startswith(f'{socket.gethostname()}:{os.getpid()}:')
@@ -440,7 +440,7 @@ async def test_b3_unreadable_entry_is_a_miss_with_one_warning(
     path = tmp_path / 'journal'
     probe = Probe()
     agent = step_agent(DiskJournal(path), probe)
-    async with execution('b3', cleanup='never'):
+    async with execution('b3', cleanup='keep'):
         await agent.run('go')
     put_raw(path, 'b3', f'e/0/{position}', corrupt(read_raw(path, 'b3', f'e/0/{position}')))
 
@@ -475,7 +475,7 @@ async def test_b3_unreadable_run_meta_is_a_miss_with_one_warning(
     journal = DiskJournal(path)
     probe = Probe()
     agent = step_agent(journal, probe)
-    async with execution('b3-meta', cleanup='never'):
+    async with execution('b3-meta', cleanup='keep'):
         await agent.run('go')
     # The fence a failed attempt leaves (F-6): steps from 3 on must not replay.
     assert await Operator(journal).write_record(
@@ -515,7 +515,7 @@ async def test_b3_unreadable_execution_or_usage_record_is_a_miss_with_one_warnin
     path = tmp_path / 'journal'
     probe = Probe()
     agent = step_agent(DiskJournal(path), probe)
-    async with execution('b3-record', cleanup='never'):
+    async with execution('b3-record', cleanup='keep'):
         await agent.run('go')
     put_raw(path, 'b3-record', suffix, corrupt(read_raw(path, 'b3-record', suffix)))
 
@@ -536,7 +536,7 @@ async def test_b3_unreadable_disk_head_is_a_miss_with_one_warning(
     path = tmp_path / 'journal'
     probe = Probe()
     agent = step_agent(DiskJournal(path), probe)
-    async with execution('b3-head', cleanup='never'):
+    async with execution('b3-head', cleanup='keep'):
         await agent.run('go')
     put_raw(path, 'b3-head', 'h', 'not json {')
 
@@ -630,7 +630,7 @@ async def test_b7_journal_remounted_read_only_is_unavailable(tmp_path: Path) -> 
         if not mounted:
             pytest.skip('cannot mount a tmpfs here')
         journal = DiskJournal(target / 'journal')
-        async with execution('kept', journal=journal, cleanup='never'):
+        async with execution('kept', journal=journal, cleanup='keep'):
             await step_agent(None, Probe()).run('go')
         await journal.close()
         subprocess.run(['mount', '-o', 'remount,ro', str(target)], check=True)
@@ -700,7 +700,7 @@ async def test_jf2_jf3_disk_filling_up_mid_run_stops_the_attempt_and_a_retry_res
 
     agent = step_agent(journal, probe, during_tool=fill_once)
     with pytest.raises(JournalUnavailable) as stopped:
-        async with execution('fills-up', cleanup='never', write_timeout=0.5) as handle:
+        async with execution('fills-up', cleanup='keep', write_timeout=0.5) as handle:
             await agent.run('go')
     assert 'step 3' in str(stopped.value) and 'full' in str(stopped.value)
     assert probe.positions() == [0, 1, 2, 3]  # no step after the unrecorded one ran
@@ -768,7 +768,7 @@ async def test_b4_keys_with_separators_unicode_and_10kb_never_alias(tmp_path: Pa
     for index, key in enumerate(KEYS):
         answers[key] = f'answer-{index}'
         current.append(key)
-        async with execution(key, cleanup='never'):
+        async with execution(key, cleanup='keep'):
             assert (await agent.run('go')).output == f'answer-{index}'
     assert calls == Counter(model=2 * len(KEYS), tool=len(KEYS))
     assert sorted(info.key for info in await journal.list_executions()) == sorted(KEYS)
@@ -776,7 +776,7 @@ async def test_b4_keys_with_separators_unicode_and_10kb_never_alias(tmp_path: Pa
     answers.clear()  # from now on a live tool call answers WRONG
     for index, key in reversed(list(enumerate(KEYS))):
         current.append(key)
-        async with execution(key, cleanup='never') as handle:
+        async with execution(key, cleanup='keep') as handle:
             assert (await agent.run('go')).output == f'answer-{index}', key[:40]
         assert handle.stats.replayed == Counter(model=2, tool=1), key[:40]
         assert handle.stats.recorded == Counter(), key[:40]
@@ -785,13 +785,13 @@ async def test_b4_keys_with_separators_unicode_and_10kb_never_alias(tmp_path: Pa
     deleted = KEYS[::2]
     for key in deleted:  # a successful execution deletes its own entries, and only those
         current.append(key)
-        async with execution(key):
+        async with execution(key, cleanup='execution'):
             await agent.run('go')
     kept = [key for key in KEYS if key not in deleted]
     assert sorted(info.key for info in await journal.list_executions()) == sorted(kept)
     for key in kept:
         current.append(key)
-        async with execution(key, cleanup='never') as handle:
+        async with execution(key, cleanup='keep') as handle:
             assert (await agent.run('go')).output == f'answer-{KEYS.index(key)}'
         assert handle.stats.replayed == Counter(model=2, tool=1), key[:40]
     assert calls == Counter(model=2 * len(KEYS), tool=len(KEYS))
@@ -846,7 +846,7 @@ async def test_t4_hostile_tool_result_is_journaled_exactly_or_refused_naming_the
     journal = DiskJournal(tmp_path / 'journal')
     witness_probe = Probe()
     witness = step_agent(journal, witness_probe, name='witness')
-    async with execution('witness', cleanup='never'):
+    async with execution('witness', cleanup='keep'):
         assert (await witness.run('go')).output == WITNESS_OUTPUT
 
     calls = Counter[str]()
@@ -871,14 +871,14 @@ async def test_t4_hostile_tool_result_is_journaled_exactly_or_refused_naming_the
         capabilities=[Durable(journal)],
     )
     try:
-        async with execution('hostile', cleanup='never') as first:
+        async with execution('hostile', cleanup='keep') as first:
             live = await agent.run('go')
     except JournalError as exc:  # refused: non-retryable, and it says which tool
         assert 'hostile_tool' in str(exc)
         assert calls['tool'] == 1
     else:
         assert first.stats.not_recorded == []  # journaled
-        async with execution('hostile', cleanup='never') as second:
+        async with execution('hostile', cleanup='keep') as second:
             replayed = await agent.run('go')
         assert calls == Counter(model=2, tool=1)  # replayed: nothing ran again
         assert second.stats.replayed == Counter(model=2, tool=1)
@@ -890,11 +890,11 @@ async def test_t4_hostile_tool_result_is_journaled_exactly_or_refused_naming_the
         assert same(live_return.content, seen[0])
 
     # The journal is intact: the witness replays in full, and a new execution records and cleans up.
-    async with execution('witness', cleanup='never') as handle:
+    async with execution('witness', cleanup='keep') as handle:
         assert (await witness.run('go')).output == WITNESS_OUTPUT
     assert handle.stats.replayed == Counter(model=4, tool=3)
     fresh_probe = Probe()
-    async with execution('after-hostile') as handle:
+    async with execution('after-hostile', cleanup='execution') as handle:
         assert (await step_agent(journal, fresh_probe, name='fresh').run('go')).output == EXPECTED
     assert handle.stats.recorded == Counter(model=4, tool=3)
     assert 'after-hostile' not in {info.key for info in await journal.list_executions()}

@@ -103,7 +103,7 @@ def record(path: Path) -> Calls:
     calls = Calls()
 
     async def go() -> None:
-        async with execution(KEY, cleanup='never'):
+        async with execution(KEY, cleanup='keep'):
             assert (await two_step_agent(DiskJournal(path), calls).run('count the rows')).output == 'answer: 3 rows'
 
     asyncio.run(go())
@@ -111,7 +111,7 @@ def record(path: Path) -> Calls:
     return calls
 
 
-def resume(path: Path, calls: Calls, *, cleanup: str = 'never') -> None:
+def resume(path: Path, calls: Calls, *, cleanup: str = 'keep') -> None:
     async def go() -> None:
         async with execution(KEY, cleanup=cleanup):  # type: ignore[arg-type]
             assert (await two_step_agent(DiskJournal(path), calls).run('count the rows')).output == 'answer: 3 rows'
@@ -588,7 +588,7 @@ def test_cli1_json_output_keeps_every_field_exact(journal_dir: Path) -> None:
 
 def test_cli1_pruned_keys_are_escaped(journal_dir: Path) -> None:
     _craft(journal_dir)
-    pruned = cli('--journal', str(journal_dir), 'prune', '--older-than', '0s')
+    pruned = cli('--journal', str(journal_dir), 'prune', '--older-than', '0s', '--state', 'interrupted,finished')
     assert pruned.returncode == 0, pruned.stderr
     _clean(pruned.stdout + pruned.stderr)
     assert 'key\\x1b' in pruned.stdout

@@ -161,7 +161,7 @@ async def test_tr_1_discovery_steps_get_a_span_of_their_own(
         toolsets=[DynamicToolset(lambda ctx: FunctionToolset([query]), id='dyn')],
         capabilities=[Durable(new_journal()), _instrumentation(exporter)],
     )
-    async with execution('order-tr1-discovery', journal=new_journal(), cleanup='never'):
+    async with execution('order-tr1-discovery', journal=new_journal(), cleanup='keep'):
         await agent.run('how many?')
     listings = [span for span in exporter.get_finished_spans() if span.name.endswith('.get_tools')]
     assert listings and all(span.name.startswith('durable step ') for span in listings)
@@ -190,7 +190,7 @@ async def test_tr_1_steps_of_leaf_toolsets_say_they_replayed(
         toolsets=[leaf],
         capabilities=[Durable(new_journal()), _instrumentation(exporter)],
     )
-    async with execution('order-tr1-leaf', journal=new_journal(), cleanup='never'):
+    async with execution('order-tr1-leaf', journal=new_journal(), cleanup='keep'):
         await agent.run('how many?')
     exporter.clear()
     async with execution('order-tr1-leaf', journal=new_journal()) as handle:

@@ -235,7 +235,7 @@ async def test_j72_u15_credited_tool_that_turns_live_is_rechecked(new_journal: A
         return working_agent(new_journal(), calls, FunctionModel(model, model_name='batch'))
 
     with pytest.raises(KeyError):
-        async with execution('j72', cleanup='never'):
+        async with execution('j72', cleanup='keep'):
             await agent().run('go')
             raise KeyError('after the run')
     journal = new_journal()

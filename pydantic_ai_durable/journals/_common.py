@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from typing import Any
 
 from ._holder import end_holding, new_holder, start_holding
-from ._protocol import ExecutionStatus, Journal, Lease
+from ._protocol import EXECUTION_STATES, ExecutionState, Journal, Lease
 
-__all__ = ('delete_under_lease', 'execution_id', 'status_of')
+__all__ = ('delete_under_lease', 'execution_id', 'metadata_of', 'retention_of', 'state_of', 'wanted_states')
 
 _DELETE_TTL = 60.0
 """Seconds a deletion holds its lease: long enough for any deletion, short if the deleting process dies."""
@@ -23,12 +24,46 @@ def execution_id(key: str) -> str:
     return hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()
 
 
-def status_of(record: dict[str, Any] | None, *, leased: bool) -> ExecutionStatus:
-    """Running while a live lease exists; otherwise what the last attempt said, `failed` if it died silently."""
+def state_of(record: dict[str, Any] | None, *, leased: bool) -> ExecutionState:
+    """Running while a live lease exists; otherwise what the last attempt said, `interrupted` if it said nothing.
+
+    `leased` must be judged as the engine judges a takeover (the store's clock, and a holder the store can
+    prove dead is not a live one), so a killed holder shows as `interrupted` exactly when a retry would take
+    it over (FN-3).
+    """
     if leased:
         return 'running'
     status = (record or {}).get('status')
-    return 'finished' if status == 'finished' else 'failed'
+    if status == 'finished':
+        return 'finished'
+    return 'failed' if status == 'failed' else 'interrupted'
+
+
+def metadata_of(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The metadata `execution(key, metadata=...)` stored in the record, if it is a JSON object."""
+    metadata = (record or {}).get('metadata')
+    return metadata if isinstance(metadata, dict) else None
+
+
+def retention_of(record: dict[str, Any] | None) -> float | None:
+    """For a finished execution's record: how many seconds retention keeps it (`None`: not retained)."""
+    if record is None or record.get('status') != 'finished':
+        return None
+    retention = record.get('retention')
+    if isinstance(retention, bool) or not isinstance(retention, (int, float)) or retention < 0:
+        return None
+    return float(retention)
+
+
+def wanted_states(state: ExecutionState | Collection[ExecutionState] | None) -> frozenset[ExecutionState]:
+    """The states a listing asks for, checked: one name, several, or `None` for all."""
+    if state is None:
+        return frozenset(EXECUTION_STATES)
+    wanted = frozenset([state] if isinstance(state, str) else state)
+    unknown = sorted(str(name) for name in wanted - set(EXECUTION_STATES))
+    if unknown:
+        raise ValueError(f'Unknown execution state {", ".join(unknown)}: use {", ".join(EXECUTION_STATES)}.')
+    return wanted
 
 
 async def delete_under_lease(journal: Journal, key: str, *, force: bool) -> Lease | None:

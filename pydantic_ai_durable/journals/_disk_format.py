@@ -255,6 +255,13 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
         if updated != 1:
             self.set(key, text)  # a new row, or one whose side file `set` removes (confined, see `remove`)
 
+    def keys_between(self, low: str, high: str, *, limit: int) -> list[str]:
+        """Up to `limit` keys `low <= key < high`, in order, through the key index (no scan of the journal)."""
+        rows = self._con.execute(
+            'SELECT key FROM Cache WHERE key >= ? AND key < ? AND raw = 1 ORDER BY key LIMIT ?', (low, high, limit)
+        ).fetchall()
+        return [key for (key,) in rows if isinstance(key, str)]
+
     def leases_naming(self, fragment: str, *, besides: str) -> bool:
         """Whether a lease row (`<eid>/l`) other than `besides` holds `fragment`, a holder's process token."""
         row = self._con.execute(

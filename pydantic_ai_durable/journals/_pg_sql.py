@@ -11,11 +11,12 @@ from typing import LiteralString
 
 __all__ = ('SCHEMA_VERSION', 'Sql', 'quote_identifier')
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The layout this code writes; a database at a newer version is refused (it was migrated by a newer release).
 
-Version 2 added fencing epochs and the lease holder's database session; a version 1 schema is
-upgraded in place, and releases that only know version 1 then refuse it, so no unfenced writer remains.
+Version 2 added fencing epochs and the lease holder's database session; version 3 added when a finished
+execution's retention ends, with an index (FN-2). Older schemas are upgraded in place, and releases that
+only know an older version then refuse the database, so no writer remains that ignores what was added.
 """
 
 _NOW = 'extract(epoch FROM clock_timestamp())'
@@ -69,6 +70,9 @@ class Sql:
                 PRIMARY KEY (eid, run, name)
             );
             CREATE INDEX IF NOT EXISTS executions_updated ON {s}.executions (updated);
+            ALTER TABLE {s}.executions ADD COLUMN IF NOT EXISTS retain_until double precision;
+            CREATE INDEX IF NOT EXISTS executions_retain_until ON {s}.executions (retain_until)
+                WHERE retain_until IS NOT NULL;
         """
         self.read_version: LiteralString = f'SELECT version FROM {s}.schema_version'
         self.set_version: LiteralString = (
@@ -96,8 +100,10 @@ class Sql:
             'SELECT eid, %(run)s, %(name)s, %(value)s FROM fence '
             'ON CONFLICT (eid, run, name) DO UPDATE SET value = EXCLUDED.value RETURNING 1'
         )
+        # A finished record's retention is counted by the server's clock from this write (B-11, FN-2).
         self.write_execution: LiteralString = (
-            f'UPDATE {s}.executions SET record = %(value)s, updated = {now} '
+            f'UPDATE {s}.executions SET record = %(value)s, updated = {now}, '
+            f'retain_until = {now} + %(retention)s::double precision '
             'WHERE eid = %(eid)s AND lease_epoch = %(epoch)s RETURNING 1'
         )
         # PERF-3: a run's entries and records in one statement, one round trip.
@@ -121,11 +127,18 @@ class Sql:
         self.delete_records: LiteralString = f'DELETE FROM {s}.run_records WHERE eid = ANY(%(eids)s)'
         # B-13: judged by the server's clock, in the statement that deletes (the row lock keeps a
         # concurrent acquire out until it commits).
-        self.prune: LiteralString = (
-            f'DELETE FROM {s}.executions '
-            f'WHERE (updated IS NULL OR updated < {now} - %(older_than)s) '
-            f'AND (lease_expires IS NULL OR lease_expires <= {now}) '
-            'RETURNING eid, key, updated IS NOT NULL'
+        # B-13: judged by the server's clock, in the statement that deletes (the row lock keeps a
+        # concurrent acquire out until it commits). Retention reads its partial index, oldest first (FN-2).
+        not_live = f'(lease_expires IS NULL OR lease_expires <= {now})'
+        self.prune_expired: LiteralString = (
+            f'DELETE FROM {s}.executions WHERE eid IN ('
+            f'SELECT eid FROM {s}.executions WHERE retain_until <= {now} AND {not_live} '
+            'ORDER BY retain_until LIMIT %(limit)s FOR UPDATE SKIP LOCKED) '
+            'RETURNING eid, key'
+        )
+        self.prune_candidates: LiteralString = (
+            f'SELECT eid, key, record, updated IS NOT NULL FROM {s}.executions '
+            f'WHERE (updated IS NULL OR updated < {now} - %(older_than)s) AND {not_live} FOR UPDATE SKIP LOCKED'
         )
         self.list: LiteralString = f"""
             WITH e AS (SELECT eid, count(*) AS n, sum(octet_length(value)) AS b FROM {s}.entries GROUP BY eid),
@@ -133,7 +146,8 @@ class Sql:
                  u AS (SELECT eid, count(*) AS n FROM (
                           SELECT eid, run FROM {s}.entries UNION SELECT eid, run FROM {s}.run_records
                        ) AS runs GROUP BY eid)
-            SELECT x.key, x.record, coalesce(x.lease_expires > {now}, false), x.updated,
+            SELECT x.key, x.record, coalesce(x.lease_expires > {now}, false), x.lease_holder, x.retain_until,
+                   x.updated,
                    coalesce(u.n, 0), coalesce(e.n, 0),
                    coalesce(e.b, 0) + coalesce(r.b, 0) + coalesce(octet_length(x.record), 0)
             FROM {s}.executions AS x

@@ -7,12 +7,21 @@ surface this small is what lets memory, disk and Postgres pass one contract suit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-__all__ = ('DEADLINE', 'ExecutionInfo', 'Journal', 'Lease', 'LeaseRenewal', 'RunSnapshot')
+__all__ = (
+    'DEADLINE',
+    'EXECUTION_STATES',
+    'ExecutionInfo',
+    'ExecutionState',
+    'Journal',
+    'Lease',
+    'LeaseRenewal',
+    'RunSnapshot',
+)
 
 DEADLINE: ContextVar[float | None] = ContextVar('pydantic_ai_durable.deadline', default=None)
 """When the caller stops retrying the journal call it makes, on `local_clock()`, or `None`.
@@ -21,7 +30,13 @@ A backend that may wait inside a call (for a pooled connection) waits no longer 
 that cannot be reached stops an attempt after `write_timeout`, as a failing write does (JF-2).
 """
 
-ExecutionStatus = Literal['running', 'failed', 'finished']
+ExecutionState = Literal['running', 'interrupted', 'failed', 'finished']
+"""`running`: a live lease; `interrupted`: started, not finished, no live lease (its process died or lost
+the journal); `failed`: the last attempt ended with an exception; `finished`: the last attempt succeeded."""
+
+EXECUTION_STATES: tuple[ExecutionState, ...] = ('running', 'interrupted', 'failed', 'finished')
+FINISHED: tuple[ExecutionState, ...] = ('finished',)
+"""What `prune` deletes unless told otherwise."""
 
 
 @dataclass
@@ -66,9 +81,14 @@ class ExecutionInfo:
     runs: int
     steps: int
     bytes: int
-    status: ExecutionStatus
+    state: ExecutionState
+    """Judged as the engine judges a lease: `running` only while a holder the store cannot prove dead holds it."""
     updated: float
     """Epoch seconds of the last write to the execution."""
+    metadata: dict[str, Any] | None = None
+    """The JSON object `execution(key, metadata=...)` stored with the execution, if any."""
+    retain_until: float | None = None
+    """For a finished execution: epoch seconds after which retention deletes it (`None`: kept until pruned)."""
 
 
 @runtime_checkable
@@ -83,7 +103,9 @@ class Journal(Protocol):
     when the store cannot be read; a stored value that does not decode comes back as `None` (or
     whatever non-dict it decodes to), which the core reads as a miss and reports once (J-3, B-3).
     Calls come from any event loop of the process: the user's, and the package's background loop,
-    which renews leases (CC-2).
+    which renews leases (CC-2). A backend reads two fields of the execution record it stores: `status`
+    (`running`, `failed`, `finished`) for listing, and for a finished execution `retention` (seconds, or
+    `None`), from which it keeps, by its own clock, when retention deletes it (FN-2).
     """
 
     async def open(self) -> None:
@@ -118,8 +140,13 @@ class Journal(Protocol):
         """Delete everything stored under `key`, lease included."""
         ...
 
-    async def list_executions(self) -> list[ExecutionInfo]:
-        """Every execution with something stored, for inspection and retention (B-6)."""
+    async def list_executions(
+        self, *, state: ExecutionState | Collection[ExecutionState] | None = None
+    ) -> list[ExecutionInfo]:
+        """Every execution with something stored, in one state or several if asked, sorted by key (FN-3).
+
+        A worker fleet lists `interrupted` executions to dispatch them again; an operator lists them all.
+        """
         ...
 
     async def acquire_lease(self, key: str, holder: str, ttl: float, *, force: bool = False) -> Lease:
@@ -145,8 +172,21 @@ class Journal(Protocol):
         """Give the lease back if `holder` still holds it under `epoch`; never raises."""
         ...
 
-    async def prune(self, older_than: float) -> list[str]:
-        """Delete executions not written for `older_than` seconds whose lease is not live; return their keys."""
+    async def prune(
+        self,
+        older_than: float | None = None,
+        *,
+        states: Collection[ExecutionState] = FINISHED,
+        limit: int | None = None,
+    ) -> list[str]:
+        """Delete executions no live lease holds, judged in the deleting transaction, and return their keys.
+
+        `older_than=None` deletes finished executions whose retention ended (their record's `retention`
+        counted from when it was written), those that ended first first, through an index, so that the
+        automatic prune after each successful execution costs the same in a journal of ten or ten
+        thousand executions (FN-2). Otherwise it deletes executions in `states` (`interrupted`, `failed`,
+        `finished`) not written for `older_than` seconds. `limit` bounds how many are deleted.
+        """
         ...
 
     async def close(self) -> None:

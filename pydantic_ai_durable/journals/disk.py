@@ -7,7 +7,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -16,12 +16,13 @@ import diskcache  # type: ignore[import-untyped]
 
 from .._errors import JournalUnavailable, LeaseLost
 from . import _json
-from ._common import execution_id, status_of
+from ._common import execution_id, metadata_of, retention_of, state_of, wanted_states
 from ._disk_format import JournalCache
 from ._files import DEFAULT_MODE, check_mode, open_file
 from ._holder import boot_id, is_proper, local_clock, ours_and_ended, token_of
 from ._process_lock import drop_lock, hold_lock, lock_file, lockable
-from ._protocol import ExecutionInfo, Lease, LeaseRenewal, RunSnapshot
+from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
+from ._retention import DEFAULT_RETENTION, Retention, retention_seconds
 
 __all__ = ('DiskJournal', 'default_directory')
 
@@ -46,6 +47,8 @@ _EPOCH_KEY = 'epoch'
 _IDENTITY_KEY = 'journal'
 """The journal's id inside its database; the same id is kept in `_MARKER` beside it (JF-4)."""
 _MARKER = 'journal-id'
+_EXPIRY = 'retain/'
+"""Prefix of the retention index: `retain/<deadline in ms, 15 digits>/<eid>`, so keys sort by deadline (FN-2)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ class DiskJournal:
         *,
         durability: Durability = 'process',
         mode: int = DEFAULT_MODE,
+        retention: Retention = DEFAULT_RETENTION,
     ) -> None:
         if durability not in ('process', 'power'):
             raise ValueError(f"DiskJournal durability must be 'process' or 'power', not {durability!r}.")
@@ -123,6 +127,8 @@ class DiskJournal:
         self.durability: Durability = durability
         self.mode = check_mode(mode)
         """Permission bits of the files the journal creates; its directories get the matching `0o7xx`."""
+        self.retention = retention_seconds(retention)
+        """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise (FN-1)."""
         self._cache: Any = None
         self._tops: dict[tuple[str, str], int] = {}
         """Per (execution, run): positions below this are covered by the stored head, as of the run's start."""
@@ -425,7 +431,30 @@ class DiskJournal:
         text = _json.dumps(value)
         if text is None:
             return False
-        return self._write(key, None, f'{execution_id(key)}/x', text, epoch=epoch)
+        eid = execution_id(key)
+        retention = retention_of(value)
+        cache = self._open_cache()
+        with cache.transact():
+            self._fence(cache, key, eid, epoch)
+            head = self._head(cache, eid)
+            head['key'] = key
+            head['updated'] = self._stamped[eid] = now = time.time()
+            self._unindex(cache, head)
+            if retention is not None:  # FN-2: an index row, so retention finds it without scanning the journal
+                head['retain_until'] = now + retention
+                head['expiry'] = _expiry_key(now + retention, eid)
+                cache.put_text(head['expiry'], _json.dumps(key))
+            cache.put_text(f'{eid}/x', text)
+            cache.put_text(f'{eid}/h', _json.dumps(head))
+        return True
+
+    @staticmethod
+    def _unindex(cache: Any, head: dict[str, Any]) -> None:
+        """Drop the execution's retention index row, if it has one; call inside a transaction."""
+        head.pop('retain_until', None)
+        expiry = head.pop('expiry', None)
+        if isinstance(expiry, str) and expiry.startswith(_EXPIRY):
+            cache.delete(expiry)
 
     async def delete_execution(self, key: str, *, epoch: int) -> None:
         eid = execution_id(key)
@@ -441,6 +470,7 @@ class DiskJournal:
         for run, state in head['runs'].items():
             if isinstance(state, dict):
                 self._delete_run_items(cache, eid, run, state)
+        self._unindex(cache, head)
         for suffix in ('x', 'l', 'h'):
             cache.delete(f'{eid}/{suffix}')
 
@@ -453,51 +483,83 @@ class DiskJournal:
                     heads[item[:-2]] = head
         return heads
 
-    async def list_executions(self) -> list[ExecutionInfo]:
+    def _held_alive(self, cache: Any, eid: str) -> bool:
+        """Whether a holder the engine would not take over holds the execution now (FN-3)."""
+        held = self._lease(cache, eid)
+        if held is None or not held.live(time.time(), local_clock(), boot_id()):
+            return False
+        return not self._proved_dead(cache, eid, held.holder)
+
+    async def list_executions(
+        self, *, state: ExecutionState | Collection[ExecutionState] | None = None
+    ) -> list[ExecutionInfo]:
+        wanted = wanted_states(state)
         cache = self._open_cache()
-        now, clock, boot = time.time(), local_clock(), boot_id()
         infos: list[ExecutionInfo] = []
         for eid, head in self._heads(cache).items():
+            record = _json.loads_dict(cache.get(f'{eid}/x'))
+            found = state_of(record, leased=self._held_alive(cache, eid))
+            if found not in wanted:
+                continue
             runs = {run: state for run, state in head['runs'].items() if isinstance(state, dict)}
             steps = 0
             size = _size(cache.get(f'{eid}/x'))
-            for run, state in runs.items():
-                top = state.get('top', 0)
+            for run, run_state in runs.items():
+                top = run_state.get('top', 0)
                 for position in range(top if isinstance(top, int) else 0):
                     text = cache.get(self._entry_key(eid, run, position))
                     if text is not None:
                         steps += 1
                         size += _size(text)
-            held = self._lease(cache, eid)
+            retain_until = head.get('retain_until')
             infos.append(
                 ExecutionInfo(
                     key=head['key'],
                     runs=len(runs),
                     steps=steps,
                     bytes=size,
-                    status=status_of(
-                        _json.loads_dict(cache.get(f'{eid}/x')),
-                        leased=held is not None and held.live(now, clock, boot),
-                    ),
+                    state=found,
                     updated=float(head.get('updated', 0.0)),
+                    metadata=metadata_of(record),
+                    retain_until=float(retain_until) if isinstance(retain_until, (int, float)) else None,
                 )
             )
         return sorted(infos, key=lambda info: info.key)
 
-    async def prune(self, older_than: float) -> list[str]:
+    async def prune(
+        self,
+        older_than: float | None = None,
+        *,
+        states: Collection[ExecutionState] = FINISHED,
+        limit: int | None = None,
+    ) -> list[str]:
+        wanted = wanted_states(states) - {'running'}
         cache = self._open_cache()
+        if older_than is None:  # FN-2: the retention index, oldest first, read only as far as needed
+            candidates = [eid for eid in cache.keys_between(_EXPIRY, _expiry_key(time.time(), ''), limit=limit or 1000)]
+            candidates = [item.rsplit('/', 1)[-1] for item in candidates]
+        else:
+            candidates = list(self._heads(cache))
         pruned: list[str] = []
-        boot = boot_id()
-        for eid in list(self._heads(cache)):
+        for eid in candidates:
+            if limit is not None and len(pruned) >= limit:
+                break
             with cache.transact():  # the lease is judged in the transaction that deletes (B-13)
                 head = self._head(cache, eid)
-                held = self._lease(cache, eid)
-                now = time.time()
-                if held is not None and held.live(now, local_clock(), boot):
+                key = head.get('key')
+                if not isinstance(key, str) or self._held_alive(cache, eid):
                     continue
-                if float(head.get('updated', 0.0)) < now - older_than and isinstance(head.get('key'), str):
-                    self._delete_execution(cache, eid)
-                    pruned.append(head['key'])
+                if older_than is None:
+                    until = head.get('retain_until')
+                    if not isinstance(until, (int, float)) or until > time.time():
+                        continue
+                else:
+                    record = _json.loads_dict(cache.get(f'{eid}/x'))
+                    recent = float(head.get('updated', 0.0)) >= time.time() - older_than
+                    if recent or state_of(record, leased=False) not in wanted:
+                        continue
+                self._delete_execution(cache, eid)
+                pruned.append(key)
         return sorted(pruned)
 
     # -- leases ----------------------------------------------------------------------------------
@@ -599,6 +661,10 @@ class DiskJournal:
             log.debug('releasing a lease failed: %r', exc)
         finally:
             drop_lock(self.path)
+
+
+def _expiry_key(deadline: float, eid: str) -> str:
+    return f'{_EXPIRY}{max(0, round(deadline * 1000)):015d}/{eid}'
 
 
 def _value_files(path: Path) -> Any:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import LeaseLost
 from . import _json
-from ._common import status_of
+from ._common import metadata_of, retention_of, state_of, wanted_states
 from ._holder import local_clock, ours_and_ended
-from ._protocol import ExecutionInfo, Lease, LeaseRenewal, RunSnapshot
+from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
+from ._retention import DEFAULT_RETENTION, Retention, retention_seconds
 
 __all__ = ('MemoryJournal',)
 
@@ -41,9 +42,15 @@ class _Execution:
     runs: dict[str, _Run] = field(default_factory=dict)
     lease: _Held | None = None
     updated: float = field(default_factory=time.time)
+    retain_until: float | None = None
 
     def leased(self, now: float) -> bool:
-        return self.lease is not None and self.lease.until > now
+        """Whether a holder that is not proved dead holds it: the engine's judgement of a takeover (FN-3)."""
+        held = self.lease
+        return held is not None and held.until > now and not ours_and_ended(held.holder)
+
+    def state(self, now: float) -> ExecutionState:
+        return state_of(_json.loads_dict(self.record), leased=self.leased(now))
 
 
 class MemoryJournal:
@@ -54,7 +61,9 @@ class MemoryJournal:
     epoch like every other backend's (B-9), so tests of stale attempts hold here too.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, retention: Retention = DEFAULT_RETENTION) -> None:
+        self.retention = retention_seconds(retention)
+        """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise (FN-1)."""
         self._executions: dict[str, _Execution] = {}
         self._lock = threading.Lock()
         self._epochs = itertools.count(1)
@@ -109,8 +118,11 @@ class MemoryJournal:
         text = _json.dumps(value)
         if text is None:
             return False
+        retention = retention_of(value)
         with self._lock:
-            self._fenced(key, epoch).record = text
+            stored = self._fenced(key, epoch)
+            stored.record = text
+            stored.retain_until = time.time() + retention if retention is not None else None
         return True
 
     async def delete_run(self, key: str, run: str, *, epoch: int) -> None:
@@ -122,7 +134,10 @@ class MemoryJournal:
             self._fenced(key, epoch)
             del self._executions[key]
 
-    async def list_executions(self) -> list[ExecutionInfo]:
+    async def list_executions(
+        self, *, state: ExecutionState | Collection[ExecutionState] | None = None
+    ) -> list[ExecutionInfo]:
+        wanted = wanted_states(state)
         now = local_clock()
         infos: list[ExecutionInfo] = []
         with self._lock:
@@ -132,14 +147,20 @@ class MemoryJournal:
                 ]
                 if stored.record is None and not texts:
                     continue
+                record = _json.loads_dict(stored.record)
+                found = state_of(record, leased=stored.leased(now))
+                if found not in wanted:
+                    continue
                 infos.append(
                     ExecutionInfo(
                         key=key,
                         runs=len(stored.runs),
                         steps=sum(len(run.entries) for run in stored.runs.values()),
                         bytes=sum(len(text) for text in texts) + len(stored.record or ''),
-                        status=status_of(_json.loads_dict(stored.record), leased=stored.leased(now)),
+                        state=found,
                         updated=stored.updated,
+                        metadata=metadata_of(record),
+                        retain_until=stored.retain_until,
                     )
                 )
         return sorted(infos, key=lambda info: info.key)
@@ -177,16 +198,33 @@ class MemoryJournal:
             if stored.record is None and not stored.runs:
                 del self._executions[key]
 
-    async def prune(self, older_than: float) -> list[str]:
-        cutoff = time.time() - older_than
+    async def prune(
+        self,
+        older_than: float | None = None,
+        *,
+        states: Collection[ExecutionState] = FINISHED,
+        limit: int | None = None,
+    ) -> list[str]:
+        wanted = wanted_states(states) - {'running'}
         with self._lock:
-            now = local_clock()
-            doomed = [
-                key for key, stored in self._executions.items() if stored.updated < cutoff and not stored.leased(now)
-            ]
+            now, clock = time.time(), local_clock()
+            if older_than is None:  # retention: an in-process journal is small, a scan serves
+                expired = [
+                    (stored.retain_until, key)
+                    for key, stored in self._executions.items()
+                    if stored.retain_until is not None and stored.retain_until <= now and not stored.leased(clock)
+                ]
+                doomed = [key for _, key in sorted(expired)]
+            else:
+                doomed = [
+                    key
+                    for key, stored in self._executions.items()
+                    if stored.updated < now - older_than and stored.state(clock) in wanted
+                ]
+            doomed = doomed[:limit] if limit is not None else doomed
             for key in doomed:
                 del self._executions[key]
-        return doomed
+        return sorted(doomed)
 
     async def close(self) -> None:
         return None

@@ -13,17 +13,18 @@ the server's clock, never a client's (B-11). Where statements run and how writes
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, LiteralString
 
 from .._errors import JournalUnavailable, LeaseLost
 from . import _json
-from ._common import execution_id, status_of
+from ._common import execution_id, metadata_of, retention_of, state_of, wanted_states
 from ._dsn import mask_dsn, scrub
 from ._holder import ours_and_ended
 from ._pg_connections import Connections
 from ._pg_sql import SCHEMA_VERSION, Sql
-from ._protocol import ExecutionInfo, Lease, LeaseRenewal, RunSnapshot
+from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
+from ._retention import DEFAULT_RETENTION, Retention, retention_seconds
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -88,6 +89,7 @@ class PostgresJournal:
         connect_timeout: float = 10,
         max_size: int = 10,
         pool_timeout: float = 30.0,
+        retention: Retention = DEFAULT_RETENTION,
     ) -> None:
         _require_psycopg()
         if (dsn is None) == (pool is None):
@@ -107,6 +109,8 @@ class PostgresJournal:
         self.connect_timeout = connect_timeout
         self.max_size = max_size
         self.pool_timeout = pool_timeout
+        self.retention = retention_seconds(retention)
+        """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise (FN-1)."""
         self._sql = Sql(schema)
         digest = hashlib.sha256(f'pydantic_ai_durable:{schema}'.encode()).digest()
         self._lock_id = int.from_bytes(digest[:8], 'big', signed=True)
@@ -284,7 +288,7 @@ class PostgresJournal:
         text = _json.dumps(value)
         if text is None:
             return False
-        params = {'eid': execution_id(key), 'epoch': epoch, 'value': text}
+        params = {'eid': execution_id(key), 'epoch': epoch, 'value': text, 'retention': retention_of(value)}
         return await self._fenced(key, self._sql.write_execution, params)
 
     async def _delete_eids(self, conn: AsyncConnection[Any], eids: list[str]) -> None:
@@ -307,15 +311,21 @@ class PostgresJournal:
         if not await self._connections.run(delete):
             raise await self._lease_lost(key)
 
-    async def list_executions(self) -> list[ExecutionInfo]:
+    async def list_executions(
+        self, *, state: ExecutionState | Collection[ExecutionState] | None = None
+    ) -> list[ExecutionInfo]:
+        wanted = wanted_states(state)
+
         async def read(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             return await (await conn.execute(self._sql.list)).fetchall()
 
         rows = await self._connections.run(read)
         infos: list[ExecutionInfo] = []
-        for raw_key, record, leased, updated, runs, steps, size in rows:
+        for raw_key, text, leased, holder, retain_until, updated, runs, steps, size in rows:
             key = _key_text(raw_key)
-            if key is None:
+            record = _json.loads_dict(text)
+            found = state_of(record, leased=bool(leased) and not ours_and_ended(holder or ''))
+            if key is None or found not in wanted:
                 continue
             infos.append(
                 ExecutionInfo(
@@ -323,23 +333,44 @@ class PostgresJournal:
                     runs=int(runs),
                     steps=int(steps),
                     bytes=int(size),
-                    status=status_of(_json.loads_dict(record), leased=bool(leased)),
+                    state=found,
                     updated=float(updated) if updated is not None else 0.0,
+                    metadata=metadata_of(record),
+                    retain_until=float(retain_until) if retain_until is not None else None,
                 )
             )
         return sorted(infos, key=lambda info: info.key)
 
-    async def prune(self, older_than: float) -> list[str]:
-        params = {'older_than': float(older_than)}
+    async def prune(
+        self,
+        older_than: float | None = None,
+        *,
+        states: Collection[ExecutionState] = FINISHED,
+        limit: int | None = None,
+    ) -> list[str]:
+        wanted = wanted_states(states) - {'running'}
+
+        async def expired(conn: AsyncConnection[Any]) -> list[tuple[str, Any]]:
+            rows = await (await conn.execute(self._sql.prune_expired, {'limit': limit})).fetchall()
+            return [(eid, raw) for eid, raw in rows]
+
+        async def old(conn: AsyncConnection[Any]) -> list[tuple[str, Any]]:
+            params = {'older_than': float(older_than or 0.0)}
+            rows = await (await conn.execute(self._sql.prune_candidates, params)).fetchall()
+            doomed: list[tuple[str, Any]] = []
+            for eid, raw, text, written in rows:
+                if not written:  # a lease left by a dead attempt that never wrote: swept, not reported
+                    doomed.append((eid, None))
+                elif state_of(_json.loads_dict(text), leased=False) in wanted:
+                    doomed.append((eid, raw))
+            return doomed[:limit] if limit is not None else doomed
 
         async def prune(conn: AsyncConnection[Any]) -> list[str]:
             async with conn.transaction():
-                rows = await (await conn.execute(self._sql.prune, params)).fetchall()
-                eids = [eid for eid, _, _ in rows]
-                if eids:
-                    await self._delete_eids(conn, eids)
-            # Rows never written to (a lease left by a dead attempt) are swept without being reported.
-            return [key for _, raw, written in rows if written and (key := _key_text(raw)) is not None]
+                doomed = await (expired if older_than is None else old)(conn)
+                if doomed:
+                    await self._delete_eids(conn, [eid for eid, _ in doomed])
+            return [key for _, raw in doomed if raw is not None and (key := _key_text(raw)) is not None]
 
         return sorted(await self._connections.run(prune))
 

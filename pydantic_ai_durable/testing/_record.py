@@ -240,7 +240,7 @@ async def run_recorded(
     """
     with recorder.active():
         try:
-            async with execution(key, journal=journal, cleanup='never') as handle:
+            async with execution(key, journal=journal, cleanup='keep') as handle:
                 result = await scenario()
         except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
             raise
