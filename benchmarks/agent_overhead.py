@@ -95,7 +95,7 @@ async def run_layer_only(steps: int) -> float:
     return time.perf_counter() - start
 
 
-async def run_durable(steps: int, journal: Journal, key: str, *, cleanup: Any = 'never') -> float:
+async def run_durable(steps: int, journal: Journal, key: str, *, cleanup: Any = 'keep') -> float:
     agent = build_agent(steps, [Durable(journal)])
     start = time.perf_counter()
     async with execution(key, cleanup=cleanup):

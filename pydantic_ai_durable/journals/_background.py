@@ -24,6 +24,8 @@ __all__ = ('THREAD_NAME', 'BackgroundLoop', 'background', 'call_on')
 _T = TypeVar('_T')
 
 THREAD_NAME = 'pydantic-ai-durable'
+_STOP_WAIT = 5.0
+"""Seconds the loop's end waits for its tasks, and a release for the thread, before leaving them be."""
 
 
 class BackgroundLoop:
@@ -87,7 +89,7 @@ class BackgroundLoop:
             self._loop = self._thread = None
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(timeout=_STOP_WAIT)  # a daemon thread: one that does not end in time dies with the process
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -114,8 +116,8 @@ def _serve(loop: asyncio.AbstractEventLoop, started: threading.Event) -> None:
         pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
         for task in pending:
             task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        if pending:  # bounded: a task stuck on a dead server must not keep the process from ending
+            loop.run_until_complete(asyncio.wait(pending, timeout=_STOP_WAIT))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 

@@ -141,7 +141,8 @@ class Connections:
         self._pool = pool
         background.close_at_exit(self._close_at_home)
         # A journal dropped without `close()`: its pool is closed on its loop, not left to die with pending tasks.
-        weakref.finalize(self, _close_abandoned, pool, asyncio.get_running_loop())
+        # At interpreter exit the background loop closes every pool itself (`close_at_exit`).
+        weakref.finalize(self, _close_abandoned, pool, asyncio.get_running_loop()).atexit = False
 
     async def _run_at_home(
         self, operation: Callable[[AsyncConnection[Any]], Awaitable[_T]], wait: float | None = None
