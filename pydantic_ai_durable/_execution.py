@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 from pydantic_ai.usage import RunUsage
 
-from ._journal import Attempt, CleanupMode, Stats, WriteErrorMode
+from ._journal import Attempt, CleanupMode, DivergenceMode, Stats, WriteErrorMode
+from ._ledger import is_successful_tool_payload
 from ._usage import RunSpend
 from .journals._protocol import Journal
 from .journals.disk import DiskJournal, default_directory
@@ -108,6 +109,12 @@ class execution:
     recorded and goes on (a retry then runs it, and possibly the steps after it, again). A step whose
     result could not be journaled stops every later attempt at its position unless
     `rerun_unjournalable=True` (its side effect already ran once).
+
+    When a run no longer matches its journal (the agent changed between attempts), the default
+    `on_divergence="run_live"` runs the changed steps live, and a tool call whose name and arguments
+    equal those of a recorded, unused result gets that result instead of running again (DV-2);
+    `"raise"` stops with `ReplayDiverged` before anything runs live (DV-3). `None` leaves it to each
+    `Durable(on_divergence=...)`.
     """
 
     def __init__(
@@ -120,6 +127,7 @@ class execution:
         write_timeout: float | None = None,
         on_write_error: WriteErrorMode = 'stop',
         rerun_unjournalable: bool = False,
+        on_divergence: DivergenceMode | None = None,
     ) -> None:
         self._attempt = Attempt(
             key,
@@ -130,6 +138,8 @@ class execution:
             write_timeout=write_timeout,
             on_write_error=on_write_error,
             rerun_unjournalable=rerun_unjournalable,
+            on_divergence=on_divergence,
+            serves=is_successful_tool_payload,  # DV-2: a recorded retry or failure serves no later call
         )
         self._handle = Execution(self._attempt)
         self._attempt.handle = self._handle
