@@ -19,7 +19,7 @@ from helpers import Calls, Warehouse, responses
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from pydantic_ai import Agent, FunctionToolset, ModelRetry
+from pydantic_ai import Agent, FunctionToolset, ModelRetry, ToolOutput
 from pydantic_ai.capabilities import Instrumentation
 from pydantic_ai.exceptions import ToolFailed, UsageLimitExceeded
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -367,6 +367,41 @@ async def test_dv2_tr_a_step_replayed_by_arguments_says_so_on_its_span(new_journ
     assert attributes['pydantic_ai_durable.replayed'] is True
     assert attributes['pydantic_ai_durable.replayed_by_arguments'] is True
     assert shop_provider.effects == ['charge 30']
+
+
+async def test_dv2_a11_an_output_function_asked_again_with_equal_arguments_replays(
+    new_journal: Callable[[], Journal],
+) -> None:
+    filed: list[str] = []
+    calls = Calls()
+
+    def file_report(title: str) -> str:
+        filed.append(title)
+        return f'ticket for {title}'
+
+    def agent(version: str) -> Agent[None, str]:
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            calls.hit('model')
+            call = ToolCallPart(info.output_tools[0].name, {'title': 'disk full'}, tool_call_id=f'o_{uuid4().hex}')
+            return ModelResponse(parts=[call])
+
+        return Agent(
+            FunctionModel(model, model_name='reporter'),
+            name='reporter',
+            instructions=version,
+            output_type=ToolOutput(file_report),
+            capabilities=[Durable()],
+        )
+
+    with pytest.raises(SimulatedCrash):
+        async with execution('report', journal=new_journal(), cleanup='never'):
+            with crash_at(kind='tool', point='after_record'):  # the ticket was filed and recorded
+                await agent('v1').run('file it')
+    async with execution('report', journal=new_journal()) as handle:
+        result = await agent('v2').run('file it')
+    assert result.output == 'ticket for disk full'
+    assert filed == ['disk full'] and calls['model'] == 2  # asked again; the ticket was not filed again
+    assert handle.stats.replayed_by_arguments == Counter(tool=1)
 
 
 # -- DV-3: the strict mode -------------------------------------------------------------------------
