@@ -10,7 +10,7 @@ async with execution('order-42'):
 
 from typing import TYPE_CHECKING, Any
 
-from ._errors import DurableError, ExecutionBusy, JournalError, JournalUnavailable, LeaseLost
+from ._errors import DurableError, ExecutionBusy, JournalError, JournalUnavailable, LeaseLost, ReplayDiverged
 from ._journal import Stats
 from .journals import DiskJournal, ExecutionInfo, Journal, MemoryJournal, PostgresJournal
 
@@ -56,6 +56,7 @@ __all__ = (
     'LeaseLost',
     'MemoryJournal',
     'PostgresJournal',
+    'ReplayDiverged',
     'SecretRegistry',
     'Stats',
     'execution',

@@ -31,9 +31,9 @@ from pydantic_ai.tools import RunContext
 from ._codec import HOLD_RESPONSES, Unencoded
 from ._discovery import is_discovery, verify_listing
 from ._errors import JournalError, ResultNotJournalable
-from ._fingerprint import fingerprint_event, fingerprint_tool_call
+from ._fingerprint import fingerprint_event, tool_call_digests
 from ._journal import Step
-from ._ledger import is_successful_tool_payload
+from ._ledger import ReplayUsageLedger, is_successful_tool_payload
 from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode
 from ._tracing import replayed, traced
 from ._usage import NestedUsage, without_operation_usage
@@ -42,7 +42,7 @@ from ._warm import warm
 if TYPE_CHECKING:
     from ._capability import Durable, _ActiveRun
 
-__all__ = ('DurableBackend', 'replay', 'run_live', 'run_live_call', 'tool_is_replayable')
+__all__ = ('DurableBackend', 'replay', 'replay_tool', 'run_live', 'run_live_call', 'tool_is_replayable')
 
 _NO_CONFIG = RoleBasedOperationConfig[None](model=None, event=None, capability=None, tool=None)
 
@@ -176,6 +176,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
             HOLD_RESPONSES.reset(token)
         if responses and responses[0] is not None:
             ledger.track_chain(responses[0], params)
+            ledger.credit_argument_matches(active.run, responses[0], params)  # U-19: calls that will replay
         return payload
 
     async def _tool_step(
@@ -189,14 +190,12 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         tool_name, args, ctx = cache_key[:3]
         tool = cache_key[3] if len(cache_key) > 3 else None
         tool_call_id = cast('RunContext[Any]', ctx).tool_call_id
-        fingerprint = fingerprint_tool_call(cast(str, tool_name), args, tool_call_id)
+        fingerprint, call = tool_call_digests(cast(str, tool_name), args, tool_call_id)
         replayable = tool_is_replayable(tool) and not self._capability.opted_out(operation_id.toolset_id)
-        step = active.run.claim(name, 'tool', fingerprint, replayable=replayable)
-        if replay(step, self._decoders.get(operation_id)):
-            if is_successful_tool_payload(step.payload):
-                active.ledger.record_tool_replay(step.position)
+        step = active.run.claim(name, 'tool', fingerprint, replayable=replayable, call=call)
+        if await replay_tool(step, self._decoders.get(operation_id), active.ledger):
             return step.payload
-        active.ledger.record_live_tool_call(step.position)  # re-checks a credited limit before the side effect
+        active.ledger.record_live_tool_call(step.position, call=call)  # re-checks a credited limit before the effect
         nested = NestedUsage(ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
         try:
             return await run_live(
@@ -230,6 +229,21 @@ def _response_of(payload: object, decode: Decoder | None) -> ModelResponse | Non
         return value
     inner = getattr(value, 'response', None)
     return inner if isinstance(inner, ModelResponse) else None
+
+
+async def replay_tool(step: Step, decode: Decoder | None, ledger: ReplayUsageLedger | None) -> bool:
+    """`replay` for a tool step: cancel what pydantic-ai counts for it, and keep a replay by arguments (DV-2).
+
+    A replay by arguments is written at its new position, so the next attempt of the same agent replays
+    it by position. `ledger` is `None` for steps pydantic-ai does not count as tool calls (output functions).
+    """
+    if not replay(step, decode):
+        return False
+    if ledger is not None and is_successful_tool_payload(step.payload):
+        ledger.record_tool_replay(step.position, call=step.call if step.by_arguments else None)
+    if step.by_arguments:
+        await step.keep()
+    return True
 
 
 def replay(step: Step, decode: Decoder | None) -> bool:

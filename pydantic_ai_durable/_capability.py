@@ -25,7 +25,7 @@ from ._codec import JOURNAL_CODEC, not_journalable
 from ._compat import check_private_hooks, resolve_request_model
 from ._execution import Execution, current_attempt
 from ._fingerprint import ModelFingerprinter, RequestPreparer, fingerprint_run_start
-from ._journal import Run, SimulatedCrash
+from ._journal import DivergenceMode, Run, SimulatedCrash, check_divergence_mode
 from ._leaf import JournaledToolset
 from ._ledger import ReplayUsageLedger, is_successful_tool_payload
 from ._masking import SECRETS, SecretRegistry
@@ -97,7 +97,9 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         models: Mapping[str, Model] | None = None,
         event_stream_handler: EventStreamHandler[AgentDepsT] | None = None,
         secrets: SecretRegistry | None = None,
+        on_divergence: DivergenceMode | None = None,
     ) -> None:
+        check_divergence_mode(on_divergence)
         if journal is not None and not isinstance(journal, Journal):
             raise TypeError(
                 f'Durable(journal=...) needs a journal such as MemoryJournal() or DiskJournal(path), '
@@ -107,6 +109,8 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         super().__init__(models=models, event_stream_handler=event_stream_handler, name=name)
         self.journal = journal
         self.secrets = secrets if secrets is not None else SECRETS
+        self.on_divergence: DivergenceMode | None = on_divergence
+        """What a run does at its first mismatch, unless the execution says otherwise (DV-2, DV-3)."""
         self._request_models: dict[tuple[int, str | None], Model] = {}
         self._backend: DurableBackend | None = None
         self._opted_out: frozenset[str] | None = None
@@ -142,7 +146,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         if attempt is None:
             return await handler()
         start = fingerprint_run_start(ctx.prompt, ctx.messages, secrets=self.secrets)
-        run = await attempt.start_run(attempt.journal_for(self.journal), start=start)
+        run = await attempt.start_run(attempt.journal_for(self.journal), start=start, on_divergence=self.on_divergence)
         spend = RunSpend(run)
         ctx.usage.incr(spend.earlier)  # U2-2: earlier attempts' spend counts before the first limit check
         ledger = ReplayUsageLedger(run_usage=ctx.usage, usage_limits=ctx.usage_limits)

@@ -6,7 +6,7 @@ can tell a journal problem (retrying will not help) from an ordinary failure of 
 
 from __future__ import annotations
 
-__all__ = ('DurableError', 'ExecutionBusy', 'JournalError', 'JournalUnavailable', 'LeaseLost')
+__all__ = ('DurableError', 'ExecutionBusy', 'JournalError', 'JournalUnavailable', 'LeaseLost', 'ReplayDiverged')
 
 
 class DurableError(Exception):
@@ -82,4 +82,32 @@ class LeaseLost(DurableError):
             f'Execution {key!r} lost its lease: {reason}. This attempt stopped before its next step and wrote '
             'nothing more; the holder of the lease goes on with the execution. Do not retry this attempt while '
             'that one runs; if the other attempt died, retrying resumes from what was recorded.'
+        )
+
+
+class ReplayDiverged(DurableError):
+    """A run no longer matches its journal, and the execution asked to stop there (`on_divergence="raise"`, DV-3).
+
+    Raised at the first step that differs from the recorded one, before that step or any later one runs
+    live: no model request is sent and no tool runs. The attributes say where (`run`, `position`, `name`),
+    why (`reason`), and how much recorded work lies after it (`recorded_after`).
+    """
+
+    def __init__(self, key: str, *, run: str, position: int, name: str, reason: str, recorded_after: int) -> None:
+        self.key = key
+        self.run = run
+        self.position = position
+        self.name = name
+        self.reason = reason
+        self.recorded_after = recorded_after
+        steps = f'{recorded_after} recorded step{"s" if recorded_after != 1 else ""}'
+        verb = 'lie' if recorded_after != 1 else 'lies'
+        super().__init__(
+            f'Execution {key!r} run {run} diverged at step {position} ({name}): {reason}. {steps} of this run '
+            f"{verb} after it. on_divergence='raise' stopped the run here, before this step or any later one ran "
+            'live. To go on: restore the agent (instructions, tools, model, settings, MCP servers) as it was when '
+            f'the steps were recorded, and every recorded step replays; or delete the execution '
+            f"(pydantic-ai-durable delete {key}) to start over; or run it with on_divergence='run_live' (the "
+            'default): the changed steps run live, and a tool call whose name and arguments equal a recorded one '
+            'gets the recorded result instead of running again.'
         )

@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 from pydantic_ai.usage import RunUsage
 
 from ._errors import DurableError
-from ._journal import Attempt, CleanupMode, Stats
+from ._journal import Attempt, CleanupMode, DivergenceMode, Stats
+from ._ledger import is_successful_tool_payload
 from ._usage import RunSpend
 from .journals._protocol import Journal
 from .journals._retention import FROM_JOURNAL, Retention
@@ -111,6 +112,12 @@ class execution:
     if it still fails the attempt stops with `JournalUnavailable` before its next step, so nothing runs
     after a step whose record was lost. A step whose result could not be journaled stops every later
     attempt at its position unless `rerun_unjournalable=True` (its side effect already ran once).
+
+    When a run no longer matches its journal (the agent changed between attempts), the default
+    `on_divergence="run_live"` runs the changed steps live, and a tool call whose name and arguments
+    equal those of a recorded, unused result gets that result instead of running again (DV-2);
+    `"raise"` stops with `ReplayDiverged` before anything runs live (DV-3). `None` leaves it to each
+    `Durable(on_divergence=...)`.
     """
 
     def __init__(
@@ -124,6 +131,7 @@ class execution:
         rerun_unjournalable: bool = False,
         retention: Retention = FROM_JOURNAL,
         metadata: dict[str, Any] | None = None,
+        on_divergence: DivergenceMode | None = None,
     ) -> None:
         self._attempt = Attempt(
             key,
@@ -135,6 +143,8 @@ class execution:
             rerun_unjournalable=rerun_unjournalable,
             retention=retention,
             metadata=metadata,
+            on_divergence=on_divergence,
+            serves=is_successful_tool_payload,  # DV-2: a recorded retry or failure serves no later call
         )
         self._handle = Execution(self._attempt)
         self._attempt.handle = self._handle

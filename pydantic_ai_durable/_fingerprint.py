@@ -48,9 +48,11 @@ __all__ = (
     'Masker',
     'ModelFingerprinter',
     'RequestPreparer',
+    'call_digest',
     'fingerprint_event',
     'fingerprint_model_request',
     'fingerprint_tool_call',
+    'tool_call_digests',
 )
 
 log = logging.getLogger('pydantic_ai_durable')
@@ -781,13 +783,36 @@ def fingerprint_tool_call(name: str, args: object, tool_call_id: str | None) -> 
     cached properties, serializers) and the tool must receive exactly what the model sent. `None` (with a
     warning) when the arguments cannot be copied or rendered reproducibly (FP-10, FP-11).
     """
+    return tool_call_digests(name, args, tool_call_id)[0]
+
+
+def tool_call_digests(name: str, args: object, tool_call_id: str | None) -> tuple[str | None, str | None]:
+    """The tool call's fingerprint (FP-7) and its call digest: the same rendering without the call id (DV-2).
+
+    A model asked again gives its calls new ids, so only the digest of name and arguments can tell that
+    a live call asks for what a recorded one did. Both come from one rendering of the arguments; both are
+    `None` (with a warning) when the arguments cannot be rendered reproducibly.
+    """
     try:
         args_text = _render_value(copy.deepcopy(args))
-        text = f'{{"args":{args_text},"name":{_canonical(name)},"tool_call_id":{_canonical(tool_call_id)}}}'
-        return hashlib.sha256(text.encode('ascii')).hexdigest()
+        name_text = _canonical(name)
+        text = f'{{"args":{args_text},"name":{name_text},"tool_call_id":{_canonical(tool_call_id)}}}'
+        return hashlib.sha256(text.encode('ascii')).hexdigest(), _call_hash(args_text, name_text)
     except Exception as error:
         _warn_tool(name, error)
+        return None, None
+
+
+def call_digest(name: str, args: object) -> str | None:
+    """The call digest of a tool call as the model wrote it, or `None` when it cannot be rendered (DV-2)."""
+    try:
+        return _call_hash(_render_value(copy.deepcopy(args)), _canonical(name))
+    except Exception:
         return None
+
+
+def _call_hash(args_text: str, name_text: str) -> str:
+    return hashlib.sha256(f'{{"args":{args_text},"name":{name_text}}}'.encode('ascii')).hexdigest()
 
 
 def fingerprint_event(event: object) -> str:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from secrets import token_hex
 from typing import Any, Literal, TypeVar
 
-from ._errors import ExecutionBusy, JournalError, JournalUnavailable, LeaseLost, ResultNotJournalable
+from ._errors import ExecutionBusy, JournalError, JournalUnavailable, LeaseLost, ReplayDiverged, ResultNotJournalable
 from ._lease import LeaseKeeper, store_identity
 from .journals._holder import end_holding, local_clock, new_holder, start_holding
 from .journals._protocol import DEADLINE, Journal, RunSnapshot
@@ -32,6 +33,7 @@ __all__ = (
     'Attempt',
     'CleanupMode',
     'Divergence',
+    'DivergenceMode',
     'Kind',
     'Run',
     'SimulatedCrash',
@@ -53,6 +55,9 @@ replays it), delete the whole `execution`, or delete each `run` as it succeeds."
 _AUTO_PRUNE = 8
 """How many expired executions the end of a successful attempt deletes at most (FN-2)."""
 
+DivergenceMode = Literal['run_live', 'raise']
+"""What a run does at its first mismatch: run live with argument-matched replay (DV-2), or stop (DV-3)."""
+DIVERGENCE_MODES: tuple[DivergenceMode, ...] = ('run_live', 'raise')
 
 ENTRY_VERSION = 1
 """Format version written into every entry, run record and execution record (B-3)."""
@@ -84,13 +89,18 @@ def current_step() -> Step | None:
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """How one step of this attempt went: `replayed` from the journal, or run `live`."""
+    """How one step of this attempt went: `replayed` from the journal, or run `live`.
+
+    `by_arguments` marks a replay after a divergence: the step got the recorded result of an earlier call
+    with the same tool name and arguments instead of running again (DV-2).
+    """
 
     run: str
     position: int
     name: str
     kind: Kind
     outcome: Literal['replayed', 'live']
+    by_arguments: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,8 @@ class Stats:
     """What an attempt replayed and recorded, per kind (S-1), and step by step."""
 
     replayed: Counter[str] = field(default_factory=Counter)
+    replayed_by_arguments: Counter[str] = field(default_factory=Counter)
+    """The part of `replayed` served by tool name and arguments after a divergence (DV-2)."""
     recorded: Counter[str] = field(default_factory=Counter)
     not_recorded: list[tuple[str, str]] = field(default_factory=list)
     steps: list[StepOutcome] = field(default_factory=list)
@@ -123,9 +135,14 @@ class Stats:
         def counts(counter: Counter[str]) -> str:
             return ', '.join(f'{counter[kind]} {kind}' for kind in KINDS)
 
+        matched = ', '.join(
+            f'{count} {kind} step{"s by their" if count > 1 else " by its"} arguments after a divergence'
+            for kind, count in self.replayed_by_arguments.items()
+            if count
+        )
         replayed, recorded = sum(self.replayed.values()), sum(self.recorded.values())
         return (
-            f'replayed {replayed} {_steps(replayed)} ({counts(self.replayed)}), '
+            f'replayed {replayed} {_steps(replayed)} ({counts(self.replayed)}{f"; {matched}" if matched else ""}), '
             f'recorded {recorded} new {_steps(recorded)} ({counts(self.recorded)})'
         )
 
@@ -144,6 +161,25 @@ class Step:
     payload: Any = None
     redacted: bool = False
     """The entry at this position holds only a redacted copy of the result (secrets masked), so it runs live (K-8)."""
+    call: str | None = None
+    """Digest of the tool call's name and arguments, without its call id: what argument matching compares (DV-2)."""
+    origin: str | None = None
+    """Identity of the side effect this step's result stands for: its own when live, the matched one's otherwise."""
+    by_arguments: bool = False
+    """It replays the recorded result of an earlier call with the same name and arguments (DV-2)."""
+    rerun: bool = False
+    """It ran in an earlier attempt but its result could not be journaled, and runs again on request (JF-5)."""
+
+    @property
+    def live_by_rule(self) -> str | None:
+        """Why this step runs live by design rather than for want of a record, as a rule id and reason (H-7)."""
+        if not self.replayable:
+            return 'A-9: opted out of replay'
+        if self.redacted:
+            return 'K-8: its recorded result held a registered secret'
+        if self.rerun:
+            return 'JF-5: its result could not be journaled; rerun on request (rerun_unjournalable=True)'
+        return None
 
     @contextmanager
     def executing(self) -> Iterator[None]:
@@ -164,6 +200,10 @@ class Step:
     ) -> bool:
         """Save the live result; see `Run.record`."""
         return await self.run.record(self, payload, to_record=to_record, spend=spend)
+
+    async def keep(self) -> None:
+        """Write a step replayed by arguments at its own position; see `Run.keep`."""
+        await self.run.keep(self)
 
     def reached(self, point: StepPoint) -> None:
         """Tell the observer (if any) that a live step reached one of its boundaries."""
@@ -242,6 +282,42 @@ class _Meta:
         )
 
 
+@dataclass
+class _Pool:
+    """The recorded tool results a diverged run may still hand out by tool name and arguments (DV-2).
+
+    Each result stands for one side effect (its `origin`) and serves at most one call, earliest recorded
+    first. `saved` lists them with their positions, as the run record `pool` keeps them safe from the
+    diverged attempt's own writes.
+    """
+
+    by_call: dict[tuple[str, str], deque[dict[str, Any]]] = field(default_factory=dict)
+    calls: Counter[str] = field(default_factory=Counter)
+    saved: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, position: int, entry: dict[str, Any]) -> None:
+        self.by_call.setdefault((entry['name'], entry['call']), deque()).append(entry)
+        self.calls[entry['call']] += 1
+        self.saved.append({**entry, 'position': position})
+
+    def take(self, name: str, call: str) -> dict[str, Any] | None:
+        waiting = self.by_call.get((name, call))
+        if not waiting:
+            return None
+        self.calls[call] -= 1
+        return waiting.popleft()
+
+    def servable(self, calls: Iterable[str]) -> list[str]:
+        """Those of `calls` the pool could serve, each result counted once: for crediting usage ahead (U-19)."""
+        left = Counter(self.calls)
+        served: list[str] = []
+        for call in calls:
+            if left[call] > 0:
+                left[call] -= 1
+                served.append(call)
+        return served
+
+
 class Run:
     """One agent run inside an attempt: positions, replay decisions and failure bookkeeping.
 
@@ -250,7 +326,14 @@ class Run:
     """
 
     def __init__(
-        self, attempt: Attempt, state: _JournalState, key: str, snapshot: RunSnapshot, *, start: str | None = None
+        self,
+        attempt: Attempt,
+        state: _JournalState,
+        key: str,
+        snapshot: RunSnapshot,
+        *,
+        start: str | None = None,
+        on_divergence: DivergenceMode = 'run_live',
     ) -> None:
         self.attempt = attempt
         self.state = state
@@ -273,6 +356,8 @@ class Run:
                 key,
                 sorted(unreadable),
             )
+        self._recorded = dict(self._entries)
+        """Every readable entry of the snapshot; claims pop `_entries`, this stays whole for DV-2 and DV-3."""
         self._meta = _Meta.parse(self._record('meta'))
         self.spend_snapshot = _latest_spend(
             [self._record('usage'), *(entry.get('usage') for entry in self._entries.values())]
@@ -287,6 +372,14 @@ class Run:
         self._saved: set[int] = set()
         self._error_notes: dict[int, tuple[BaseException, int]] = {}
         self._last_model_position: int | None = None
+        self.on_divergence: DivergenceMode = on_divergence
+        self.stopped: ReplayDiverged | None = None
+        """Set when the run diverged under `on_divergence="raise"`: every later claim raises it again (DV-3)."""
+        self._used: set[str] = set()
+        """Origins of the recorded results this attempt replayed, by position or by arguments (DV-2)."""
+        self._pool: _Pool | None = None
+        self._unsaved_pool: list[dict[str, Any]] | None = None
+        self._pool_lock: asyncio.Lock | None = None
 
     def __repr__(self) -> str:
         return f'Run({self.attempt.key!r}, {self.key!r}, next_position={self.next_position})'
@@ -303,31 +396,56 @@ class Run:
 
     # -- claiming --------------------------------------------------------------------------------
 
-    def claim(self, name: str, kind: Kind, fingerprint: str | None, *, replayable: bool = True) -> Step:
-        """Take the next position and decide whether it replays (M-1..M-7). Never awaits.
+    def claim(
+        self, name: str, kind: Kind, fingerprint: str | None, *, replayable: bool = True, call: str | None = None
+    ) -> Step:
+        """Take the next position and decide whether it replays (M-1..M-7, DV-2). Never awaits.
 
-        Raises instead when the attempt may no longer run steps (B-10, JF-2), or when an earlier attempt
-        left a fence at this position because the step's result could not be journaled (JF-5).
+        `call` is a tool call's digest of name and arguments: after a divergence it lets the step replay
+        a recorded result of the same call made at another position (DV-2). Raises instead when the
+        attempt may no longer run steps (B-10, JF-2), when an earlier attempt left a fence for this call
+        because its result could not be journaled (JF-5), or when the run diverged under
+        `on_divergence="raise"` (DV-3).
         """
         self.attempt.check(self.state)
+        if self.stopped is not None:
+            raise self.stopped
         position = self.next_position
         self.next_position += 1
         if kind == 'model':
             self._last_model_position = position
-        step = Step(self, position, name, kind, fingerprint, replayable)
+        step = Step(self, position, name, kind, fingerprint, replayable, call=call)
         entry = self._match(step)
+        if entry is None and call is not None and replayable and (self.diverged or position not in self._recorded):
+            entry = self._match_arguments(step)  # DV-2: after a divergence, or where nothing was recorded (M-3)
         if entry is None:
             # M-6 (amended): a step that opted out, or whose record cannot stand in for its result, runs live
             # by design; it says nothing about the run, so the step after it is judged by what came before.
             self._previous_replayed = self._previous_replayed and (not replayable or step.redacted)
             self.stats.steps.append(StepOutcome(self.key, position, name, kind, 'live'))
+            if call is not None:
+                step.origin = f'{self.attempt.tag}.{position}'  # a new side effect, named once for every attempt
             return step
-        self.stats.steps.append(StepOutcome(self.key, position, name, kind, 'replayed'))
+        self.stats.steps.append(StepOutcome(self.key, position, name, kind, 'replayed', step.by_arguments))
         step.replayed = True
         step.payload = entry['payload']
         self._previous_replayed = True
         self.stats.replayed[kind] += 1
-        log.debug('run %s: replayed step %d (%s)', self.key, position, name)
+        origin = entry.get('origin')
+        if isinstance(origin, str):
+            step.origin = origin
+            self._used.add(origin)
+        if step.by_arguments:
+            self.stats.replayed_by_arguments[kind] += 1
+            log.info(
+                'Execution %r run %s: step %d (%s) replayed the result recorded for the same tool call and arguments.',
+                self.attempt.key,
+                self.key,
+                position,
+                name,
+            )
+        else:
+            log.debug('run %s: replayed step %d (%s)', self.key, position, name)
         return step
 
     def _match(self, step: Step) -> dict[str, Any] | None:
@@ -340,7 +458,7 @@ class Run:
                 if self._meta.model_at_fault
                 else 'previous attempt failed before this step'
             )
-            self._diverge(step, reason)
+            self._diverge(step, reason, mismatch=False)  # F-7: a failure's fence, not a changed agent
             return None
         entry = self._entries.pop(step.position, None)
         if entry is None:
@@ -364,6 +482,7 @@ class Run:
     def _honour_fence(self, step: Step, entry: dict[str, Any]) -> None:
         """A step whose side effect ran but whose result could not be journaled: stop, or rerun on request (JF-5)."""
         if self.attempt.rerun_unjournalable:
+            step.rerun = True
             log.warning(
                 'Execution %r run %s: step %d (%s) ran in an earlier attempt but its result could not be journaled; '
                 'it runs again because rerun_unjournalable=True.',
@@ -381,18 +500,124 @@ class Run:
             'execution to start over.'
         )
 
-    def _diverge(self, step: Step, reason: str) -> None:
+    def _diverge(self, step: Step, reason: str, *, mismatch: bool = True) -> None:
+        """Stop replaying by position (D-1); under `on_divergence="raise"` a mismatch stops the run instead (DV-3).
+
+        A fence left by a failed attempt (F-7) is no mismatch: the agent did not change, the retry re-runs
+        what failed. From here on, tool calls may still replay by their arguments (DV-2).
+        """
+        self.stats.divergences.append(Divergence(self.key, step.position, step.name, reason))
+        if mismatch and self.on_divergence == 'raise':
+            self.stopped = ReplayDiverged(
+                self.attempt.key,
+                run=self.key,
+                position=step.position,
+                name=step.name,
+                reason=reason,
+                recorded_after=sum(1 for position in self._recorded if position > step.position),
+            )
+            log.warning('%s', self.stopped)
+            raise self.stopped
         self.diverged = True
         self._entries.clear()
-        self.stats.divergences.append(Divergence(self.key, step.position, step.name, reason))
+        self._pool = self._build_pool(protect=True)
         log.warning(
-            'Execution %r run %s diverged at position %d (%s): %s. This step and every later step of the run run live.',
+            'Execution %r run %s diverged at position %d (%s): %s. This step and every later step of the run run '
+            'live, except tool calls whose name and arguments equal those of a recorded result not used yet, which '
+            'get that result instead of running again.',
             self.attempt.key,
             self.key,
             step.position,
             step.name,
             reason,
         )
+
+    def _build_pool(self, *, protect: bool) -> _Pool:
+        """The recorded tool results this attempt has not used, from the entries and the run record `pool` (DV-2).
+
+        A result serves later calls only when it stands for a completed call: not one whose record holds
+        only masked secrets (K-8), and not a payload the adapter does not count as a result (a recorded
+        retry or failure would lead down the old error path). A fence (JF-5) is kept: a call that matches it
+        stops, as at its position. A result still waiting at a position this run may replay (it has not
+        diverged) is left to that position. With `protect`, results not yet in the `pool` record are written
+        there before this attempt writes over any position (`_protect_pool`).
+        """
+        candidates: list[tuple[int, dict[str, Any]]] = []
+        stored = self._record('pool')
+        items = stored.get('entries') if stored is not None else None
+        for item in items if isinstance(items, list) else ():
+            entry = _parse_entry(item)
+            if entry is not None and type(entry.get('position')) is int:
+                candidates.append((entry['position'], entry))
+        kept = {entry.get('origin') for _, entry in candidates}
+        candidates += self._recorded.items()
+        candidates.sort(key=lambda candidate: candidate[0])
+        pool = _Pool()
+        seen = self._used | {entry.get('origin') for entry in self._entries.values()}
+        for position, entry in candidates:
+            origin = entry.get('origin')
+            if (
+                entry['kind'] != 'tool'
+                or not isinstance(origin, str)
+                or not isinstance(entry.get('call'), str)
+                or origin in seen
+                or not self._serves(entry)
+            ):
+                continue
+            seen.add(origin)
+            pool.add(position, {key: value for key, value in entry.items() if key != 'position'})
+        if protect and any(item['origin'] not in kept for item in pool.saved):
+            self._unsaved_pool = pool.saved
+        return pool
+
+    def _serves(self, entry: dict[str, Any]) -> bool:
+        if 'unjournalable' in entry:
+            return True
+        return entry.get('redacted') is not True and self.attempt.serves(entry['payload'])
+
+    def _match_arguments(self, step: Step) -> dict[str, Any] | None:
+        """Hand a tool call the oldest unused result recorded for the same name and arguments (DV-2).
+
+        Asked after a divergence, or when nothing was recorded at the step's position: an attempt that
+        resumes a diverged one replays its path by position, and a call the crashed attempt had not reached
+        yet may still have its result in the `pool` record.
+        """
+        assert step.call is not None
+        if self._pool is None:
+            self._pool = self._build_pool(protect=False)  # a step nothing was recorded for, before any divergence
+        entry = self._pool.take(step.name, step.call)
+        if entry is None:
+            return None
+        self._used.add(entry['origin'])
+        if 'unjournalable' in entry:
+            self._honour_fence(step, entry)  # JF-5 by arguments: raises, or runs it once more on request
+            return None
+        step.by_arguments = True
+        return entry
+
+    def servable(self, calls: Iterable[str]) -> list[str]:
+        """Those of these call digests a diverged run would replay by arguments now (U-19); none before it diverged."""
+        return self._pool.servable(calls) if self._pool is not None and self.diverged else []
+
+    async def _protect_pool(self) -> bool:
+        """Before the first write that could overwrite a recorded result, keep the unused ones in the `pool` record.
+
+        A diverged attempt writes its steps at positions where earlier results lie; without this copy, a
+        crash after such a write would leave the next attempt without a result whose side effect happened
+        (DV-2). Written once per diverged attempt, and only when it holds results the record lacks.
+        """
+        if self._unsaved_pool is None:
+            return True
+        if self._pool_lock is None:
+            self._pool_lock = asyncio.Lock()
+        async with self._pool_lock:
+            unsaved = self._unsaved_pool
+            if unsaved is None:
+                return True
+            if not await self.write_record('pool', {'entries': unsaved}):
+                return False  # the journal refused the copy: nothing is written over those results
+            self._unsaved_pool = None
+        return True
 
     def peek(self, position: int) -> dict[str, Any] | None:
         """The entry recorded at a later position, without claiming it; obeys the replay fences (S-3)."""
@@ -415,6 +640,12 @@ class Run:
             outcome if (old.run, old.position) == (self.key, step.position) else old for old in self.stats.steps
         ]
         self._previous_replayed = False
+        if step.call is not None:
+            step.origin = f'{self.attempt.tag}.{step.position}'  # what it records now is a new side effect
+        if step.by_arguments:  # the run diverged already; the matched result stays used, the call runs live
+            step.by_arguments = False
+            self.stats.replayed_by_arguments[step.kind] -= 1
+            return
         self._diverge(step, reason)
 
     # -- recording -------------------------------------------------------------------------------
@@ -451,7 +682,8 @@ class Run:
             saved = False
         else:
             try:
-                saved = await self.attempt.store(
+                # DV-2: the unused recorded results are kept safe before this write can cover one of them.
+                saved = await self._protect_pool() and await self.attempt.store(
                     self.state,
                     f'step {step.position} ({step.name}) of run {self.key}',
                     lambda epoch: self.journal.write_entry(
@@ -484,7 +716,28 @@ class Run:
         }
         if step.position == 0 and self.start is not None:
             entry['start'] = self.start
+        if step.call is not None:
+            entry['call'] = step.call  # DV-2: what a later, diverged attempt matches a call by
+            entry['origin'] = step.origin
         return entry
+
+    async def keep(self, step: Step) -> None:
+        """Write a step replayed by arguments at its own position, with the recorded result (DV-2).
+
+        The next attempt of the same (changed) agent then replays it by position like any other step,
+        and every step after it too, instead of diverging here again. The entry keeps the origin of the
+        result it stands for, so that result still serves one call only. Counts as a replay, not a record.
+        """
+        entry = {**self._entry(step), 'payload': step.payload, 'matched': True}
+        self._tried_max = max(self._tried_max, step.position)
+        if not await self._protect_pool():
+            return
+        if await self.attempt.store(
+            self.state,
+            f'step {step.position} ({step.name}) of run {self.key}',
+            lambda epoch: self.journal.write_entry(self.attempt.key, self.key, step.position, entry, epoch=epoch),
+        ):
+            self._saved.add(step.position)
 
     def _started_alike(self) -> bool:
         """Whether this run was started as the attempt that recorded its first step was (M-5).
@@ -509,7 +762,7 @@ class Run:
         entry = {**self._entry(step), 'payload': None, 'unjournalable': _one_line(error, 300)}
         self._tried_max = max(self._tried_max, step.position)
         try:
-            if not await self.attempt.store(
+            if not await self._protect_pool() or not await self.attempt.store(
                 self.state,
                 f'the fence of step {step.position} ({step.name})',
                 lambda epoch: self.journal.write_entry(self.attempt.key, self.key, step.position, entry, epoch=epoch),
@@ -589,6 +842,12 @@ class Run:
         await self.write_record('meta', meta)  # F-6: a refused write is ignored
 
 
+def check_divergence_mode(value: object) -> None:
+    """Refuse an `on_divergence` that is neither `None`, `"run_live"` nor `"raise"` (DV-3)."""
+    if value is not None and value not in DIVERGENCE_MODES:
+        raise ValueError(f"on_divergence must be 'run_live' or 'raise', not {value!r}.")
+
+
 def _one_line(error: BaseException, limit: int = 400) -> str:
     text = ' '.join(str(error).split()) or type(error).__name__
     return text if len(text) <= limit else text[: limit - 3] + '...'
@@ -636,6 +895,8 @@ class Attempt:
         rerun_unjournalable: bool = False,
         retention: Retention = FROM_JOURNAL,
         metadata: dict[str, Any] | None = None,
+        on_divergence: DivergenceMode | None = None,
+        serves: Callable[[Any], bool] = lambda payload: True,
     ) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f'An execution key must be a non-empty string, not {key!r}.')
@@ -652,6 +913,7 @@ class Attempt:
             write_timeout = lease_ttl / 3
         if not isinstance(write_timeout, (int, float)) or not write_timeout >= 0:
             raise ValueError(f'write_timeout must be a number of seconds (0 or more), not {write_timeout!r}.')
+        check_divergence_mode(on_divergence)
         self.key = key
         self.journal = journal
         self._default_journal = default_journal
@@ -662,6 +924,12 @@ class Attempt:
         self.retention = FROM_JOURNAL if retention is FROM_JOURNAL else retention_seconds(retention)
         """Seconds a finished execution is kept (`None`: until pruned); unset: the journal's (FN-1)."""
         self.metadata = check_metadata(metadata)
+        self.on_divergence: DivergenceMode | None = on_divergence
+        """The execution's divergence policy; `None` leaves it to each capability, then `"run_live"` (DV-3)."""
+        self.serves = serves
+        """Whether a recorded tool payload is a result that may serve a later call by its arguments (DV-2)."""
+        self.tag = token_hex(6)
+        """Names the side effects this attempt's live tool steps perform: `{tag}.{position}` (DV-2)."""
         self.stats = Stats()
         self.number = 1
         self.holder = new_holder()
@@ -876,10 +1144,13 @@ class Attempt:
         self._top_runs += 1
         return key
 
-    async def start_run(self, journal: Journal, *, start: str | None = None) -> Run:
+    async def start_run(
+        self, journal: Journal, *, start: str | None = None, on_divergence: DivergenceMode | None = None
+    ) -> Run:
         """Number a new run (synchronously, in start order) and read what earlier attempts recorded for it.
 
-        `start` fingerprints what the run is started with; see `Run._started_alike`.
+        `start` fingerprints what the run is started with; see `Run._started_alike`. `on_divergence` is
+        the capability's policy; the execution's own, when set, wins (DV-3).
         """
         run_key = self._next_run_key(journal)
         state = await self.open(journal)
@@ -890,7 +1161,10 @@ class Attempt:
         snapshot = await self._load(
             state.journal, f'the entries of run {run_key}', lambda: state.journal.read_run(self.key, run_key)
         )
-        run = Run(self, state, run_key, snapshot, start=start)
+        policy = self.on_divergence if self.on_divergence is not None else on_divergence
+        run = Run(
+            self, state, run_key, snapshot, start=start, on_divergence=policy if policy is not None else 'run_live'
+        )
         self.runs.append(run)
         return run
 

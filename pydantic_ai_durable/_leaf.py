@@ -16,9 +16,8 @@ from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from ._backend import replay, run_live_call
-from ._fingerprint import fingerprint_tool_call
-from ._ledger import is_successful_tool_payload
+from ._backend import replay_tool, run_live_call
+from ._fingerprint import tool_call_digests
 from ._payloads import check_replayable_payload, decode_payload
 from ._usage import NestedUsage
 
@@ -57,13 +56,11 @@ class JournaledToolset(WrapperToolset[AgentDepsT]):
         if active is None:
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         replayable = getattr(self.wrapped, 'replayable', True) is not False
-        fingerprint = fingerprint_tool_call(name, tool_args, ctx.tool_call_id)
-        step = active.run.claim(self.step_name(name), 'tool', fingerprint, replayable=replayable)
-        if replay(step, check_replayable_payload):
-            if is_successful_tool_payload(step.payload):
-                active.ledger.record_tool_replay(step.position)
+        fingerprint, call = tool_call_digests(name, tool_args, ctx.tool_call_id)
+        step = active.run.claim(self.step_name(name), 'tool', fingerprint, replayable=replayable, call=call)
+        if await replay_tool(step, check_replayable_payload, active.ledger):
             return decode_payload(step.payload)  # values are returned, control-flow signals raised (T-5)
-        active.ledger.record_live_tool_call(step.position)
+        active.ledger.record_live_tool_call(step.position, call=call)
         call_ctx = dataclasses.replace(ctx)  # this call's own context, whose usage NestedUsage swaps
         nested = NestedUsage(call_ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
         try:

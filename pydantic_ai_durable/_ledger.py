@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import copy
 import dataclasses
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Literal, Protocol
@@ -28,9 +29,12 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
+from ._fingerprint import call_digest
+
 __all__ = (
     'SUCCESSFUL_TOOL_RESULT_KINDS',
     'JournalView',
+    'MatchView',
     'ReplayUsageLedger',
     'add_usage',
     'fill_replayed_cost',
@@ -66,6 +70,16 @@ class JournalView(Protocol):
     @property
     def next_position(self) -> int:
         """The first position the run has not claimed yet."""
+        ...
+
+
+class MatchView(Protocol):
+    """The part of a diverged run the ledger asks which tool calls will replay by their arguments (U-19)."""
+
+    diverged: bool
+
+    def servable(self, calls: Iterable[str]) -> list[str]:
+        """Those of these call digests the run would replay by arguments now, each recorded result once."""
         ...
 
 
@@ -192,6 +206,8 @@ class ReplayUsageLedger:
         self._tail: _ReplayTail | None = None
         self._credits_usage = self._limits.has_token_limits() or self._limits.cost_limit is not None
         self._tool_credits: set[int] = set()
+        self._match_credits: Counter[str] = Counter()
+        """Tool calls counted down because a diverged run will replay them by arguments, by call digest (U-19)."""
         self._batch_projection: int | None = None
         # The continuation chain the current model request belongs to, tracked twice: once over every
         # segment for its tool calls, once over the replayed segments for the usage taken back for them.
@@ -284,6 +300,30 @@ class ReplayUsageLedger:
                 self.run_usage.tool_calls -= 1
         self._batch_projection = self.run_usage.tool_calls + batch_calls
 
+    def credit_argument_matches(self, run: MatchView, response: ModelResponse, params: ModelRequestParameters) -> None:
+        """Count down the calls of a live response that a diverged run will replay by arguments (U-19).
+
+        pydantic-ai checks the whole batch against `tool_calls_limit` before any call reaches the journal,
+        and a call replayed by arguments costs nothing. Calls are matched by the digest of the name and
+        arguments the model wrote; one the tool receives in another form is simply not credited (stricter).
+        A credited call that runs live after all is given back and re-checked (`record_live_tool_call`).
+        """
+        if not run.diverged:
+            return  # a run that replays by position, or runs its first attempt, has nothing to match
+        function_names = {tool.name for tool in params.function_tools}
+        calls = [
+            digest
+            for part in response.parts
+            if isinstance(part, ToolCallPart) and part.tool_name in function_names
+            if (digest := call_digest(part.tool_name, part.args_as_dict())) is not None
+        ]
+        served = run.servable(calls) if calls else []
+        if not served:
+            return
+        self._match_credits.update(served)
+        self.run_usage.tool_calls -= len(served)
+        self._batch_projection = self.run_usage.tool_calls + self._chain_calls
+
     def settle(self) -> bool:
         """Give back every credit not resolved yet, and return whether a request credit was outstanding (U-11).
 
@@ -293,6 +333,9 @@ class ReplayUsageLedger:
         if self._tool_credits:
             self.run_usage.tool_calls += len(self._tool_credits)
             self._tool_credits.clear()
+        if self._match_credits:
+            self.run_usage.tool_calls += self._match_credits.total()
+            self._match_credits.clear()
         self._batch_projection = None
         had_request_credit = self._request_credit
         if had_request_credit:
@@ -372,17 +415,20 @@ class ReplayUsageLedger:
 
     # -- tool calls --------------------------------------------------------------------------------
 
-    def record_tool_replay(self, position: int) -> None:
+    def record_tool_replay(self, position: int, *, call: str | None = None) -> None:
         """Cancel the `tool_calls += 1` the tool manager adds after a replayed successful call (U-14).
 
-        A credited position was counted down in advance, so the credit is simply used up.
+        A credited position, or a call credited by arguments (`call`, U-19), was counted down in advance,
+        so the credit is simply used up.
         """
         if position in self._tool_credits:
             self._tool_credits.discard(position)
+        elif call is not None and self._match_credits[call] > 0:
+            self._match_credits[call] -= 1
         else:
             self.run_usage.tool_calls -= 1
 
-    def record_live_tool_call(self, position: int) -> None:
+    def record_live_tool_call(self, position: int, *, call: str | None = None) -> None:
         """Give back the credit of a call that ran live, and re-check the batch against the limit (U-15).
 
         pydantic-ai's up-front check treated every credited call of the batch as free. Each one that
@@ -390,9 +436,12 @@ class ReplayUsageLedger:
         turns live last is checked against all live calls of the batch, whatever order they finish in.
         `batch_calls` may over-count (approval or external tools), which only makes this stricter.
         """
-        if position not in self._tool_credits:
+        if position in self._tool_credits:
+            self._tool_credits.discard(position)
+        elif call is not None and self._match_credits[call] > 0:
+            self._match_credits[call] -= 1  # U-19: credited to replay by arguments, but runs live
+        else:
             return
-        self._tool_credits.discard(position)
         self.run_usage.tool_calls += 1
         if self._batch_projection is None:
             return

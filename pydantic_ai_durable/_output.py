@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter
 from pydantic_ai.output import OutputContext
 
-from ._backend import replay, run_live_call
-from ._fingerprint import fingerprint_tool_call
+from ._backend import replay_tool, run_live_call
+from ._fingerprint import tool_call_digests
 from ._payloads import check_replayable_payload, decode_payload
 
 if TYPE_CHECKING:
@@ -95,9 +95,9 @@ async def journal_output_process(
             )
         return await handler(output)
     tool_call = output_context.tool_call
-    fingerprint = fingerprint_tool_call(name, output, tool_call.tool_call_id if tool_call is not None else None)
-    step = active.run.claim(f'{agent_name}__output_function.call:{name}', 'tool', fingerprint)
-    if replay(step, lambda payload: _check_loadable(payload, adapter)):
+    fingerprint, call = tool_call_digests(name, output, tool_call.tool_call_id if tool_call is not None else None)
+    step = active.run.claim(f'{agent_name}__output_function.call:{name}', 'tool', fingerprint, call=call)
+    if await replay_tool(step, lambda payload: _check_loadable(payload, adapter), None):  # not a counted tool call
         return _decode(step.payload, adapter)  # a recorded retry is raised again (T-5)
     return await run_live_call(step, lambda: handler(output), tool_name=name, to_record=active.mask)
 

@@ -26,6 +26,7 @@ from ._journal import Run, Step
 
 __all__ = (
     'ATTEMPT',
+    'BY_ARGUMENTS',
     'DIVERGENCE',
     'EXECUTION_KEY',
     'KIND',
@@ -41,6 +42,7 @@ __all__ = (
 )
 
 REPLAYED = 'pydantic_ai_durable.replayed'
+BY_ARGUMENTS = 'pydantic_ai_durable.replayed_by_arguments'
 EXECUTION_KEY = 'pydantic_ai_durable.execution_key'
 ATTEMPT = 'pydantic_ai_durable.attempt'
 RUN = 'pydantic_ai_durable.run'
@@ -135,6 +137,8 @@ def _attributes(step: Step) -> dict[str, AttributeValue]:
         STEP: step.name,
         KIND: step.kind,
     }
+    if step.by_arguments:
+        attributes[BY_ARGUMENTS] = True  # DV-2: the recorded result of the same call, made at another position
     for divergence in reversed(run.stats.divergences):
         if divergence.run == run.key and divergence.position == step.position:
             attributes[DIVERGENCE] = divergence.reason

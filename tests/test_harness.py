@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import pytest
-from pydantic_ai import Agent, FunctionToolset, RunContext
+from pydantic_ai import Agent, FunctionToolset, RunContext, Tool
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.toolsets import ToolsetTool, WrapperToolset
 
@@ -137,7 +138,9 @@ async def test_h4_a_timestamp_in_the_prompt_diverges_at_the_first_model_step() -
     with pytest.raises(AssertionError) as caught:
         await assert_replays(scenario)
     message = str(caught.value)
-    assert '3 of 3 recorded steps ran live again (2 model, 1 tool)' in message
+    # The model was asked again; its tool call, with the recorded arguments, replayed them (DV-2).
+    assert '2 of 3 recorded steps ran live again (2 model)' in message
+    assert 'step 1 (tool steps__function_toolset__work.call_tool:step)' not in message
     assert 'step 0 (model steps__model.request) diverged from the journal: request differs' in message
     assert 'datetime.now()' in message
 
@@ -408,3 +411,100 @@ async def test_h5_sigkill_variant_needs_an_importable_scenario_and_a_shared_jour
         await crash_everywhere(lambda: two_steps(), kill=True)
     with pytest.raises(TypeError, match='cannot be reopened by a child process'):
         await crash_everywhere(two_steps, kill=True, journal=MemoryJournal())
+
+
+# -- H-7: steps that run live by rule are judged by that rule --------------------------------------
+
+TOKEN = f'sk-h7-{uuid4().hex}'
+"""A registered secret (K-1): a tool that returns it runs live on every attempt (K-8)."""
+
+
+def secret_agent(*, stamp_arguments: bool = False) -> Agent[None, str]:
+    """Reads a secret token, then sends an order with it: the read runs live every time by rule K-8."""
+    from pydantic_ai_durable import register_secret
+
+    register_secret(TOKEN)
+
+    def read_token() -> str:
+        effects.record('read')  # reading is no side effect to protect, and it happens on every attempt
+        return TOKEN
+
+    def send(order: str, token: str, request_id: str = '') -> str:
+        effects.record('send')
+        return f'sent {order}'
+
+    turns: list[Any] = [
+        [ToolCall('read_token', id='t1')],
+        [ToolCall('send', {'order': 'o-1', 'token': TOKEN}, id='t2')],
+    ]
+    toolset: Any = FunctionToolset([read_token, send], id='vault')
+    return Agent(
+        ScriptedModel([*turns, 'sent']),
+        name='vault',
+        toolsets=[StampUuid(toolset) if stamp_arguments else toolset],
+        capabilities=[Durable()],
+    )
+
+
+@dataclass
+class StampUuid(WrapperToolset[Any]):
+    """A wrapper that adds a fresh uuid4 to every call's arguments: a genuine replay bug."""
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        extra = {'request_id': uuid4().hex} if name == 'send' else {}
+        return await super().call_tool(name, {**tool_args, **extra}, ctx, tool)
+
+
+async def test_h7_assert_replays_passes_an_agent_whose_tool_returns_a_registered_secret(journal: Journal) -> None:
+    report = await assert_replays(lambda: secret_agent().run('send o-1'), journal=journal)
+    assert report.first.output == report.second.output == 'sent'
+    [(ref, rule)] = report.by_rule
+    assert ref.name.endswith('call_tool:read_token') and rule.startswith('K-8')
+
+
+async def test_h7_crash_everywhere_passes_an_agent_whose_tool_returns_a_registered_secret(journal: Journal) -> None:
+    report = await crash_everywhere(lambda: secret_agent().run('send o-1'), journal=journal)
+    assert all(case.ok for case in report.cases) and len(report.cases) == 15
+    rules = {rule for case in report.cases for _, rule in case.by_rule}
+    assert len(rules) == 1 and rules.pop().startswith('K-8')
+
+
+async def test_h7_an_opted_out_tool_passes_assert_replays() -> None:
+    def clock() -> str:
+        return 'tick'
+
+    opted_out = Tool(clock, metadata={'durable': {'replayable': False}})
+    agent = Agent(
+        ScriptedModel([[ToolCall('clock', id='c1')], 'ok']),
+        name='clocked',
+        toolsets=[FunctionToolset([opted_out], id='time')],
+        capabilities=[Durable()],
+    )
+    report = await assert_replays(lambda: agent.run('time?'))
+    [(ref, rule)] = report.by_rule
+    assert ref.name.endswith('call_tool:clock') and rule.startswith('A-9')
+
+
+async def test_h7_the_rule_exemption_still_fails_a_timestamp_in_the_prompt() -> None:
+    async def scenario() -> AgentRunResult[str]:
+        return await secret_agent().run(f'It is {datetime.now().isoformat(timespec="microseconds")}. Send o-1.')
+
+    with pytest.raises(AssertionError) as replays:
+        await assert_replays(scenario)
+    assert '3 model' in str(replays.value) and 'datetime.now()' in str(replays.value)
+    with pytest.raises(AssertionError) as crashes:
+        await crash_everywhere(scenario, points=['after_record'])
+    assert 'the crashed attempt recorded it, yet the resume ran it live again' in str(crashes.value)
+
+
+async def test_h7_the_rule_exemption_still_fails_a_uuid4_in_the_tool_arguments() -> None:
+    with pytest.raises(AssertionError) as replays:
+        await assert_replays(lambda: secret_agent(stamp_arguments=True).run('send o-1'))
+    message = str(replays.value)
+    assert 'call_tool:send) diverged from the journal: request differs' in message
+    assert "side effects happened during the replay: 'send' x1" in message
+    with pytest.raises(AssertionError) as crashes:
+        await crash_everywhere(lambda: secret_agent(stamp_arguments=True).run('send o-1'), points=['after_record'])
+    assert 'call_tool:send): 2 times; the crashed attempt recorded it' in str(crashes.value)

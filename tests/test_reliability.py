@@ -456,7 +456,8 @@ async def test_b3_unreadable_entry_is_a_miss_with_one_warning(
 
 
 META_PROBLEMS = [
-    pytest.param(None, [3, 4, 5, 6], id='intact-meta'),
+    # intact: positions 3 and 5 are tool calls the model asks for again with the recorded arguments (DV-2)
+    pytest.param(None, [4, 6], id='intact-meta'),
     pytest.param(
         json.dumps({'v': 999, 'diverge_from': 0, 'high_water': 7, 'model_at_fault': False}),
         [],
@@ -477,7 +478,7 @@ async def test_b3_unreadable_run_meta_is_a_miss_with_one_warning(
     agent = step_agent(journal, probe)
     async with execution('b3-meta', cleanup='keep'):
         await agent.run('go')
-    # The fence a failed attempt leaves (F-6): steps from 3 on must not replay.
+    # The fence a failed attempt leaves (F-6): steps from 3 on must not replay by position.
     assert await Operator(journal).write_record(
         'b3-meta', '0', 'meta', {'v': 1, 'diverge_from': 3, 'high_water': 7, 'model_at_fault': False}
     )

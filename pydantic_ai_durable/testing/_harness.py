@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -61,6 +62,8 @@ class ReplayReport:
     """The replay's result."""
     steps: tuple[StepRef, ...]
     """The steps the live run recorded (model requests, tool calls, other operations), in order."""
+    by_rule: tuple[tuple[StepRef, str], ...] = ()
+    """Steps of the replay that ran live by a rule of the journal, with the rule (opted out, secret-masked, ...)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class CrashCase:
     """Why steps ran live again on resume: the journal's warnings, by step."""
     hints: tuple[str, ...] = ()
     """What usually causes such a divergence, and how to fix it."""
+    by_rule: tuple[tuple[StepRef, str], ...] = ()
+    """Steps of the resume that ran live by a rule of the journal, with the rule; not counted as repeats (H-7)."""
 
     @property
     def ok(self) -> bool:
@@ -392,8 +397,9 @@ async def assert_replays(
         if hints:
             lines.append('  How to fix:')
             lines += _indent(hints)
+        lines += _by_rule_lines(second.by_rule(), '  ')
         raise AssertionError('\n'.join(lines))
-    return ReplayReport(first=first.result, second=second.result, steps=steps)
+    return ReplayReport(first=first.result, second=second.result, steps=steps, by_rule=second.by_rule())
 
 
 _NO_STEPS = (
@@ -403,9 +409,20 @@ _NO_STEPS = (
 )
 
 
+def _by_rule_lines(by_rule: Sequence[tuple[StepRef, str]], indent: str) -> list[str]:
+    """The steps that ran live by a rule, for a failure message: they are not what failed (H-7)."""
+    if not by_rule:
+        return []
+    return [f'{indent}Ran live by rule, as on every attempt (not counted as a failure):'] + [
+        f'{indent}  {ref}: {rule}' for ref, rule in by_rule
+    ]
+
+
 def _replay_problems(first: Attempt, second: Attempt) -> list[str]:
+    """What the replay did that it should not have; steps that ran live by a rule of the journal are exempt (H-7)."""
     problems: list[str] = []
-    live = [step.ref for step in second.steps.values()]
+    by_rule = {ref.key for ref, _ in second.by_rule()}
+    live = [step.ref for step in second.steps.values() if step.rule is None]
     if live:
         kinds = Counter(ref.kind for ref in live)
         counted = ', '.join(f'{count} {kind}' for kind, count in sorted(kinds.items()))
@@ -413,7 +430,7 @@ def _replay_problems(first: Attempt, second: Attempt) -> list[str]:
             f'{len(live)} of {len(first.steps)} recorded steps ran live again ({counted}) instead of replaying:\n'
             + '\n'.join(f'  {ref}' for ref in live)
         )
-    effects = second.effect_counts()
+    effects = Counter(name for name, where in second.effects if where not in by_rule)
     if effects:
         outside = _effects_outside_steps(second)
         problems.append(
@@ -433,9 +450,22 @@ def _replay_problems(first: Attempt, second: Attempt) -> list[str]:
     if messages_one != messages_two and messages_one is not None and messages_two is not None:
         problems.append(_message_difference(messages_one, messages_two))
     usage_one, usage_two = _usage_of(first.result), _usage_of(second.result)
-    if usage_one != usage_two:
+    tools_by_rule = sum(1 for ref, _ in second.by_rule() if ref.kind == 'tool')
+    if not _same_usage(usage_one, usage_two, tools_by_rule):
         problems.append(f'the usage differs: the live run reported {usage_one!r}, the replay {usage_two!r}')
     return problems
+
+
+def _same_usage(one: Any, two: Any, tools_by_rule: int) -> bool:
+    """Equal usage, except up to one tool call more per tool step that ran live again by rule (H-7)."""
+    if one == two:
+        return True
+    extra = getattr(two, 'tool_calls', None)
+    if not tools_by_rule or not isinstance(extra, int) or not isinstance(getattr(one, 'tool_calls', None), int):
+        return False
+    if not 0 < extra - one.tool_calls <= tools_by_rule:
+        return False
+    return bool(one == dataclasses.replace(two, tool_calls=one.tool_calls))
 
 
 def _message_difference(one: list[Any], two: list[Any]) -> str:
@@ -567,7 +597,8 @@ async def _crash_cases(
                 await _forget(journal, case_key)
             problems = _crash_problems(baseline, step.ref, point, first, resume, exactly_once)
             why, hints = _explain(resume) if resume is not None and problems else ((), ())
-            cases.append(CrashCase(step.ref, point, tuple(problems), why, hints))
+            by_rule = resume.by_rule() if resume is not None else ()
+            cases.append(CrashCase(step.ref, point, tuple(problems), why, hints, by_rule))
     return CrashReport(
         output=baseline.output,
         steps=tuple(step.ref for step in baseline.steps.values()),
@@ -622,8 +653,8 @@ def _step_problems(baseline: Attempt, first: Attempt, resume: Attempt) -> list[s
         if expected is not None and expected.ref.name != ref.name:
             moved.append(f'{ref} ran where the uninterrupted run ran {expected.ref}')
             continue
-        if not all(step.replayable for step in (before, after, expected) if step is not None):
-            continue  # opted out of replay (A-9): it runs on every attempt by design
+        if any(not step.replayable or step.rule for step in (before, after, expected) if step is not None):
+            continue  # it runs on every attempt by a rule of the journal (A-9, K-8, JF-5): judged by that (H-7)
         ran = (before is not None and before.started) + (after is not None and after.started)
         if ran <= (2 if before is not None and before.in_flight else 1):
             continue
@@ -655,6 +686,7 @@ def _effect_problems(baseline: Attempt, first: Attempt, resume: Attempt, exactly
     problems: list[str] = []
     expected, before, after = baseline.effect_counts(), first.effect_counts(), resume.effect_counts()
     in_flight = {key: step.ref for key, step in first.steps.items() if step.in_flight}
+    by_rule = {ref.key: rule for ref, rule in resume.by_rule()}
     for name in sorted(set(expected) | set(before) | set(after)):
         total = before[name] + after[name]
         culprits = dict.fromkeys(
@@ -665,6 +697,9 @@ def _effect_problems(baseline: Attempt, first: Attempt, resume: Attempt, exactly
             if name in exactly_once
             else expected[name] + sum(1 for effect, where in first.effects if effect == name and where in in_flight)
         )
+        ruled = [by_rule[where] for effect, where in resume.effects if effect == name and where in by_rule]
+        if name not in exactly_once:
+            allowed += len(ruled)  # performed by a step that runs live on every attempt by rule (H-7)
         if expected[name] <= total <= allowed:
             continue
         text = (
@@ -678,6 +713,11 @@ def _effect_problems(baseline: Attempt, first: Attempt, resume: Attempt, exactly
                 + ' between its body and its record, so the resume ran it again: make it idempotent (for '
                 'example pass ctx.tool_call_id as the idempotency key to the service and record the side effect '
                 'only when the service really performed it).'
+            )
+        elif name in exactly_once and ruled:
+            text += (
+                f' and it is declared exactly_once, but the step that performs it runs live on every attempt by rule '
+                f'{ruled[0]}: move the side effect into a tool whose result is journaled.'
             )
         elif name in exactly_once:
             text += ' and it is declared exactly_once.'
@@ -704,6 +744,7 @@ def _crash_message(report: CrashReport, key: str) -> str:
         if case.explanation:
             lines.append('    Why:')
             lines += _indent(case.explanation, '      ')
+        lines += _by_rule_lines(case.by_rule, '    ')
     rest = failures[_MAX_DETAILED:]
     if rest:
         lines.append(

@@ -109,6 +109,7 @@ class Recorder:
                 'kind': step.kind,
                 'point': point,
                 'replayable': step.replayable,
+                'rule': step.live_by_rule,
             }
         )
         if plan is not None:
@@ -145,6 +146,8 @@ class LiveStep:
 
     ref: StepRef
     replayable: bool = True
+    rule: str | None = None
+    """The rule by which it runs live on every attempt (opted out, secret-masked result, ...), if any (H-7)."""
     started: bool = False
     """Its body started (the crash, if any, was not at `before_body`)."""
     recorded: bool = False
@@ -187,6 +190,8 @@ class Attempt:
             if kind in ('step', 'crash'):
                 ref = StepRef(str(event['run']), int(event['position']), str(event['name']), str(event['kind']))
                 step = attempt.steps.setdefault(ref.key, LiveStep(ref, replayable=bool(event['replayable'])))
+                rule = event.get('rule')
+                step.rule = step.rule or (str(rule) if rule else None)
                 point: StepPoint = event['point']
                 if point == 'before_body':
                     step.started = kind == 'step'
@@ -211,6 +216,10 @@ class Attempt:
 
     def effect_counts(self) -> Counter[str]:
         return Counter(name for name, _ in self.effects)
+
+    def by_rule(self) -> tuple[tuple[StepRef, str], ...]:
+        """The steps that ran live by a rule of the journal, with that rule (H-7)."""
+        return tuple((step.ref, step.rule) for step in self.steps.values() if step.rule is not None)
 
 
 def contains_crash(error: BaseException) -> bool:

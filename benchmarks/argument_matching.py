@@ -1,0 +1,165 @@
+"""What argument-matched replay (DV-2) adds to a run that never diverges: instructions, before and after.
+
+    python benchmarks/argument_matching.py                 # N = 20, 3 runs per tree: about 6 minutes
+    python benchmarks/argument_matching.py --base REV -n 50 -r 5 --gc on
+
+A run that never diverges still pays for what DV-2 needs from every step: a second digest of each tool
+call (name and arguments without the call id), two more fields in each tool entry (`call`, `origin`),
+and a little bookkeeping per claim. This script measures that cost as CPU instructions, which a busy
+machine does not change: it runs the same workload (`agent_overhead.build_agent`, N tool-call round trips)
+under valgrind's callgrind, once with the package of this checkout and once with the package as it was
+at `--base` (default: the last commit before DV-2), both in one run of this script, and prints the
+instructions per round trip of each and their difference. Only the measured attempt is counted: the
+child process switches callgrind's instrumentation on right before it and off right after it
+(`callgrind_control`), so imports and warm-up are left out, and garbage collection is off while it runs
+(`--gc on` keeps it: a collection's cost depends on when allocations cross a threshold, which blurs the
+figures). Identical code still differs a little between runs (call ids, timestamps and object addresses
+change), so each tree runs several times, alternately, and the script prints the spread. Needs
+`valgrind` and `git`.
+
+Phases: "record" is a first attempt (every step runs live and is recorded); "replay" is a second attempt
+of the same execution (every step replays). Neither diverges, so neither ever matches by arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = '181b1e4'
+"""The last commit before argument-matched replay (issue 25)."""
+PHASES = ('record', 'replay')
+JOURNALS = ('memory', 'disk')
+GC_MODES = ('off', 'on')
+
+
+def _toggle(state: str) -> None:
+    subprocess.run(['callgrind_control', '-i', state, str(os.getpid())], check=True, capture_output=True)
+
+
+async def _child(phase: str, journal_kind: str, steps: int, directory: Path, collect_garbage: bool) -> None:
+    """Run one attempt (and the one before it, for a replay) with callgrind collecting only the measured one."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from agent_overhead import LIMITS, build_agent
+
+    import pydantic_ai_durable
+    from pydantic_ai_durable import DiskJournal, Durable, Journal, MemoryJournal, execution
+
+    print(f'package: {Path(pydantic_ai_durable.__file__).parent}', file=sys.stderr)
+
+    def journal(name: str) -> Journal:
+        return MemoryJournal() if journal_kind == 'memory' else DiskJournal(directory / name)
+
+    async def attempt(target: Journal, key: str) -> None:
+        async with execution(key, journal=target, cleanup='keep'):
+            await build_agent(steps, [Durable()]).run('go', usage_limits=LIMITS)
+
+    await attempt(journal('warm'), 'warm-up')  # imports, encoders, caches: the same for both trees
+    measured = journal('measured')
+    if phase == 'replay':
+        await attempt(measured, 'measured')
+    gc.collect()
+    if not collect_garbage:
+        gc.disable()  # the direct cost only: a collection's cost depends on when allocations cross a threshold
+    _toggle('on')
+    await attempt(measured, 'measured')
+    _toggle('off')
+
+
+def _base_tree(revision: str, into: Path) -> Path:
+    """The package as it was at `revision`, extracted with `git archive` (the repository is not touched)."""
+    archive = subprocess.run(
+        ['git', '-C', str(ROOT), 'archive', revision, 'pydantic_ai_durable'], check=True, capture_output=True
+    ).stdout
+    into.mkdir(parents=True)
+    subprocess.run(['tar', '-x', '-C', str(into)], input=archive, check=True)
+    return into
+
+
+def _instructions(tree: Path, phase: str, journal_kind: str, steps: int, directory: Path, gc_mode: str) -> int:
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / f'callgrind.{tree.name}.{phase}.{journal_kind}.{gc_mode}'
+    env = {**os.environ, 'PYTHONPATH': str(tree), 'PYTHONHASHSEED': '0'}
+    command = [
+        'valgrind',
+        '--tool=callgrind',
+        '--instr-atstart=no',
+        f'--callgrind-out-file={out}',
+        sys.executable,
+        __file__,
+        '--child',
+        phase,
+        journal_kind,
+        '-n',
+        str(steps),
+        '--dir',
+        str(directory / f'{tree.name}-{phase}-{journal_kind}-{gc_mode}'),
+        '--gc',
+        gc_mode,
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f'the measured child failed:\n{result.stderr[-3000:]}')
+    package = re.search(r'package: (\S+)', result.stderr)
+    assert package is not None and Path(package[1]).is_relative_to(tree), f'imported the wrong package: {package}'
+    totals = re.search(r'^totals: (\d+)', out.read_text(), re.MULTILINE)
+    assert totals is not None, f'no totals in {out}'
+    return int(totals[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--base', default=BASE, help='the revision to compare with (default: %(default)s)')
+    parser.add_argument('-n', type=int, default=20, help='tool-call round trips per run (default: %(default)s)')
+    parser.add_argument('-r', '--repeats', type=int, default=3, help='runs of each tree (default: %(default)s)')
+    parser.add_argument('--gc', choices=GC_MODES, default='off', help='garbage collection while measuring')
+    parser.add_argument('--child', nargs=2, metavar=('PHASE', 'JOURNAL'), help=argparse.SUPPRESS)
+    parser.add_argument('--dir', type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        args.dir.mkdir(parents=True, exist_ok=True)
+        asyncio.run(_child(args.child[0], args.child[1], args.n, args.dir, args.gc == 'on'))
+        return
+    with tempfile.TemporaryDirectory(prefix='argument-matching-') as tmp:
+        directory = Path(tmp)
+        trees = {f'base {args.base}': _base_tree(args.base, directory / 'base'), 'this checkout': ROOT}
+        print(
+            f'Instructions per round trip (callgrind; one model request + one tool call), N = {args.n}, '
+            f'median of {args.repeats} runs per tree, run alternately; garbage collection {args.gc}. '
+            '"spread" is max - min over the runs of one tree: identical code differs by that much from run '
+            'to run (call ids, timestamps, object addresses).'
+        )
+        names = list(trees)
+        header = f'{"phase":<7} {"journal":<7} ' + ' '.join(f'{name:>16} {"spread":>8}' for name in names)
+        print(header + f' {"added":>16}')
+        for phase in PHASES:
+            for journal_kind in JOURNALS:
+                runs: dict[str, list[float]] = {name: [] for name in names}
+                for repeat in range(args.repeats):
+                    for name, tree in trees.items():
+                        count = _instructions(tree, phase, journal_kind, args.n, directory / str(repeat), args.gc)
+                        runs[name].append(count / args.n)
+                medians = [statistics.median(runs[name]) for name in names]
+                spreads = [max(runs[name]) - min(runs[name]) for name in names]
+                added = medians[1] - medians[0]
+                print(
+                    f'{phase:<7} {journal_kind:<7} '
+                    + ' '.join(
+                        f'{median:>16,.0f} {spread:>8,.0f}' for median, spread in zip(medians, spreads, strict=True)
+                    )
+                    + f' {added:>+8,.0f} {added / medians[0]:>+7.2%}',
+                    flush=True,
+                )
+
+
+if __name__ == '__main__':
+    main()
