@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import time
 import uuid
 from collections.abc import Collection, Sequence
@@ -47,6 +48,8 @@ _EPOCH_KEY = 'epoch'
 _IDENTITY_KEY = 'journal'
 """The journal's id inside its database; the same id is kept in `_MARKER` beside it (JF-4)."""
 _MARKER = 'journal-id'
+_WARNED_GROUP_WRITABLE: set[str] = set()
+"""Journal directories whose group write permission was reported, once per process."""
 _EXPIRY = 'retain/'
 """Prefix of the retention index: `retain/<deadline in ms, 15 digits>/<eid>`, so keys sort by deadline (FN-2)."""
 
@@ -130,6 +133,8 @@ class DiskJournal:
         self.retention = retention_seconds(retention)
         """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise (FN-1)."""
         self._cache: Any = None
+        self._place: tuple[int, int] | None = None
+        """The directory's device and inode when the cache was opened: writes go nowhere else (B-15)."""
         self._tops: dict[tuple[str, str], int] = {}
         """Per (execution, run): positions below this are covered by the stored head, as of the run's start."""
         self._names: dict[tuple[str, str], set[str]] = {}
@@ -166,10 +171,49 @@ class DiskJournal:
                 cache.close()
                 raise
             self._cache = cache
+            self._place = _place_of(self.path)
+            self._check_directory_mode()
             if self.durability == 'power':  # the database file's name, and the directory's own
                 _sync_directory(self.path)
                 _sync_directory(self.path.absolute().parent)
         return self._cache
+
+    def _writable_cache(self) -> Any:
+        """The cache, once this object's directory is still the one at its path (B-15)."""
+        cache = self._open_cache()
+        if _safe_place(self.path) != self._place:
+            raise JournalUnavailable(
+                f'The journal directory {str(self.path)!r} is no longer the one this process opened: it was moved, '
+                'renamed or replaced while an attempt ran. The attempt stops rather than write where no retry '
+                'would look; put the directory back, or retry the execution against the journal where it is now.'
+            )
+        return cache
+
+    def _check_directory_mode(self) -> None:
+        """Refuse a directory every user may write; say once when its group may write it unasked (B-16)."""
+        try:
+            bits = stat.S_IMODE(os.stat(self.path).st_mode)
+        except OSError:
+            return
+        if bits & 0o002:
+            raise JournalUnavailable(
+                f'The journal directory {str(self.path)!r} can be written by every user (mode {bits:#o}): anyone '
+                'could plant entries there that a retry would replay as recorded model answers and tool results. '
+                f'Run `chmod o-w {str(self.path)!r}`; to share a journal, give a group access (mode 2770) and pass '
+                'DiskJournal(mode=0o660). No model was called.'
+            )
+        where = os.path.realpath(self.path)
+        if bits & 0o020 and not self.mode & 0o020 and where not in _WARNED_GROUP_WRITABLE:
+            _WARNED_GROUP_WRITABLE.add(where)
+            log.warning(
+                'The journal directory %r can be written by its group (mode %#o) while the journal keeps its files '
+                'private (mode %#o): members of the group could plant entries that replay. If it is shared on '
+                'purpose, pass DiskJournal(mode=0o660); otherwise run `chmod g-w %s`.',
+                str(self.path),
+                bits,
+                self.mode,
+                str(self.path),
+            )
 
     def _lost_store(self, what: str) -> JournalUnavailable:
         return JournalUnavailable(
@@ -223,6 +267,8 @@ class DiskJournal:
                 os.replace(temporary, marker)
 
     async def open(self) -> None:
+        if self._cache is not None and _safe_place(self.path) != self._place:
+            await self.close()  # a new attempt follows the path to the directory that is there now (B-15)
         if self.path.exists() and not self.path.is_dir():
             raise JournalUnavailable(
                 f'The journal path {str(self.path)!r} is a file, not a directory. '
@@ -330,7 +376,7 @@ class DiskJournal:
     ) -> bool:
         """Write one value and, in the same transaction, what the head must learn about it."""
         eid = execution_id(key)
-        cache = self._open_cache()
+        cache = self._writable_cache()
         with cache.transact():
             self._fence(cache, key, eid, epoch)
             head = self._head(cache, eid)
@@ -353,7 +399,7 @@ class DiskJournal:
         now = time.time()
         if now - self._stamped.get(eid, 0.0) >= _STAMP_EVERY:
             return self._write(key, run, item_key, text, epoch=epoch)
-        cache = self._open_cache()
+        cache = self._writable_cache()
         with cache.transact():
             self._fence(cache, key, eid, epoch)
             cache.put_text(item_key, text)
@@ -400,7 +446,7 @@ class DiskJournal:
     async def delete_run(self, key: str, run: str, *, epoch: int) -> None:
         eid = execution_id(key)
         self._forget(eid)
-        cache = self._open_cache()
+        cache = self._writable_cache()
         with cache.transact():
             self._fence(cache, key, eid, epoch)
             head = self._head(cache, eid)
@@ -433,7 +479,7 @@ class DiskJournal:
             return False
         eid = execution_id(key)
         retention = retention_of(value)
-        cache = self._open_cache()
+        cache = self._writable_cache()
         with cache.transact():
             self._fence(cache, key, eid, epoch)
             head = self._head(cache, eid)
@@ -458,7 +504,7 @@ class DiskJournal:
 
     async def delete_execution(self, key: str, *, epoch: int) -> None:
         eid = execution_id(key)
-        cache = self._open_cache()
+        cache = self._writable_cache()
         with cache.transact():
             self._fence(cache, key, eid, epoch)
             self._delete_execution(cache, eid)
@@ -466,6 +512,9 @@ class DiskJournal:
     def _delete_execution(self, cache: Any, eid: str) -> None:
         """Delete every key of one execution, lease included; call inside a transaction."""
         self._forget(eid)
+        held = self._lease(cache, eid)
+        if held is not None:
+            self._forget_process(cache, held.holder, besides=f'{eid}/l')
         head = self._head(cache, eid)
         for run, state in head['runs'].items():
             if isinstance(state, dict):
@@ -488,7 +537,7 @@ class DiskJournal:
         held = self._lease(cache, eid)
         if held is None or not held.live(time.time(), local_clock(), boot_id()):
             return False
-        return not self._proved_dead(cache, eid, held.holder)
+        return not self._proved_dead(held.holder)
 
     async def list_executions(
         self, *, state: ExecutionState | Collection[ExecutionState] | None = None
@@ -584,22 +633,26 @@ class DiskJournal:
             boot if isinstance(boot, str) else None,
         )
 
-    def _proved_dead(self, cache: Any, eid: str, holder: str) -> bool:
-        """Whether `holder`'s process is gone: an ended attempt of ours, or a lock file nobody keeps locked (B-12).
-
-        A proved-dead process's lock file is removed once no other lease names that process, so the
-        proof still holds for each execution it left behind, and nothing stays behind after the last.
-        """
+    def _proved_dead(self, holder: str) -> bool:
+        """Whether `holder`'s process is gone: an ended attempt of ours, or a lock file nobody keeps locked (B-12)."""
         if ours_and_ended(holder):
             return True
         path = lock_file(self.path, holder) if is_proper(holder) else None
-        if path is None or not lockable(path):
-            return False  # alive, or nothing can be proved: wait for the lease to expire
+        return path is not None and lockable(path)  # else alive, or nothing can be proved: wait for expiry
+
+    def _forget_process(self, cache: Any, holder: str, *, besides: str) -> None:
+        """Remove a dead process's lock file once no lease but `besides` names it; call inside a transaction.
+
+        Every lease a dead process left behind must stay provably dead until it is taken over or deleted,
+        so the file goes with the last of them, and no sooner.
+        """
         token = token_of(holder)
-        if token is not None and not cache.leases_naming(f':{token}:', besides=f'{eid}/l'):
+        path = lock_file(self.path, holder) if is_proper(holder) else None
+        if token is None or path is None or ours_and_ended(holder) or not lockable(path):
+            return
+        if not cache.leases_naming(f':{token}:', besides=besides):
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        return True
 
     async def acquire_lease(self, key: str, holder: str, ttl: float, *, force: bool = False) -> Lease:
         eid = execution_id(key)
@@ -613,10 +666,12 @@ class DiskJournal:
                     or held is None
                     or not held.live(time.time(), local_clock(), boot_id())
                     or held.holder == holder
-                    or self._proved_dead(cache, eid, held.holder)
+                    or self._proved_dead(held.holder)
                 ):
                     granted = held.lease()
                 else:
+                    if held is not None and held.holder != holder:
+                        self._forget_process(cache, held.holder, besides=f'{eid}/l')  # its lease is replaced
                     counter = _json.loads(cache.get(_EPOCH_KEY))
                     epoch = (counter if type(counter) is int else 0) + 1
                     cache.set(_EPOCH_KEY, _json.dumps(epoch))
@@ -629,7 +684,7 @@ class DiskJournal:
         return granted
 
     async def renew_leases(self, leases: Sequence[LeaseRenewal]) -> list[Lease | None]:
-        cache = self._open_cache()
+        cache = self._writable_cache()
         answers: list[Lease | None] = []
         with cache.transact():  # every lease of this process in this journal: one transaction (CC-2)
             for asked in leases:
@@ -661,6 +716,18 @@ class DiskJournal:
             log.debug('releasing a lease failed: %r', exc)
         finally:
             drop_lock(self.path)
+
+
+def _place_of(path: Path) -> tuple[int, int]:
+    found = os.stat(path)
+    return found.st_dev, found.st_ino
+
+
+def _safe_place(path: Path) -> tuple[int, int] | None:
+    try:
+        return _place_of(path)
+    except OSError:
+        return None
 
 
 def _expiry_key(deadline: float, eid: str) -> str:
