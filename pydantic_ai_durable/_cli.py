@@ -166,13 +166,12 @@ def _build_parser(prog: str) -> argparse.ArgumentParser:
     sub['delete'].add_argument(
         '--force', action='store_true', help='delete even while a live attempt holds the execution'
     )
-    sub['list'].add_argument(
-        '--state',
-        metavar='STATE[,STATE]',
-        type=_states_argument,
-        default=None,
-        help='only executions in these states: running, interrupted, failed, finished',
-    )
+    states = {
+        'list': 'only executions in these states: running, interrupted, failed, finished',
+        'prune': 'with --older-than: which states to delete (default finished; also interrupted, failed)',
+    }
+    for name, help_text in states.items():
+        sub[name].add_argument('--state', metavar='STATE[,STATE]', type=_states_argument, default=None, help=help_text)
     sub['prune'].add_argument(
         '--older-than',
         metavar='DURATION',
@@ -180,13 +179,6 @@ def _build_parser(prog: str) -> argparse.ArgumentParser:
         default=None,
         help='age since the last write, e.g. 30s, 15m, 12h, 7d, 2w or 1d12h '
         '(without it: finished executions whose retention ended)',
-    )
-    sub['prune'].add_argument(
-        '--state',
-        metavar='STATE[,STATE]',
-        type=_states_argument,
-        default=None,
-        help='with --older-than: which states to delete (default finished; also interrupted, failed)',
     )
     return parser
 

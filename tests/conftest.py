@@ -6,7 +6,8 @@ To run both suites against another backend, append one `BackendCase` factory to 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,13 +116,22 @@ def backend_store(backend_case: BackendCase) -> Operator:
 
 
 @pytest.fixture(params=['memory', 'disk', 'postgres'])
-def new_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Journal]:
+def new_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Journal]]:
     """The journal of the next attempt: the same object (memory), or a new object on the same store,
-    as a new process would open it (disk, postgres)."""
+    as a new process would open it (disk, postgres). Every object made is closed after the test."""
+    made: list[Journal] = []
+
+    def opened(journal: Journal) -> Journal:
+        made.append(journal)
+        return journal
+
     if request.param == 'memory':
         shared = MemoryJournal()
-        return lambda: shared
-    if request.param == 'postgres':
+        yield lambda: shared
+    elif request.param == 'postgres':
         dsn, schema = fresh_schema()
-        return lambda: PostgresJournal(dsn, schema=schema)
-    return lambda: DiskJournal(tmp_path / 'journal')
+        yield lambda: opened(PostgresJournal(dsn, schema=schema))
+    else:
+        yield lambda: opened(DiskJournal(tmp_path / 'journal'))
+    for journal in made:
+        asyncio.run(journal.close())

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,6 @@ from pydantic_ai_durable import (
     Journal,
     JournalUnavailable,
     LeaseLost,
-    MemoryJournal,
     PostgresJournal,
     execution,
 )
@@ -85,37 +84,11 @@ from contextvars import ContextVar  # noqa: E402
 _KEY: ContextVar[str] = ContextVar('key')
 
 
-@pytest.fixture(params=['memory', 'disk', 'postgres'])
-def make_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Journal]]:
-    """A factory of journal objects over one store (memory: the same object)."""
-    made: list[Journal] = []
-    if request.param == 'memory':
-        shared = MemoryJournal()
-
-        def factory() -> Journal:
-            return shared
-    elif request.param == 'disk':
-
-        def factory() -> Journal:
-            made.append(DiskJournal(tmp_path / 'j'))
-            return made[-1]
-    else:
-        dsn, schema = fresh_schema()
-
-        def factory() -> Journal:
-            made.append(PostgresJournal(dsn, schema=schema))
-            return made[-1]
-
-    yield factory
-    for journal in made:
-        asyncio.run(journal.close())
-
-
 # -- CC-1: concurrent opens and writes on one journal object ---------------------------------------
 
 
-async def test_cc1_fifty_concurrent_opens_on_one_journal_all_succeed(make_journal: Callable[[], Journal]) -> None:
-    journal = make_journal()
+async def test_cc1_fifty_concurrent_opens_on_one_journal_all_succeed(new_journal: Callable[[], Journal]) -> None:
+    journal = new_journal()
     keys = [f'open-{n}' for n in range(50)]
 
     async def enter(key: str) -> int:
@@ -145,10 +118,10 @@ class _AcknowledgeOrCrash:
 
 
 async def test_cc1_fifty_concurrent_executions_killed_at_random_lose_no_acknowledged_entry(
-    make_journal: Callable[[], Journal],
+    new_journal: Callable[[], Journal],
 ) -> None:
     """Every entry a write acknowledged is in the store and replays; no acknowledged side effect repeats."""
-    journal = make_journal()
+    journal = new_journal()
     work = Workload(journal)
     chance = random.Random(23)
     acknowledged: set[tuple[str, str, int]] = set()
@@ -172,7 +145,7 @@ async def test_cc1_fifty_concurrent_executions_killed_at_random_lose_no_acknowle
     first = await asyncio.gather(*(attempt(key) for key in keys))
     assert any(output is None for output in first) and any(output == 'done' for output in first)
 
-    reader = make_journal()
+    reader = new_journal()
     stored: set[tuple[str, str, int]] = set()
     for key in keys:
         snapshot = await reader.read_run(key, '0')
@@ -193,9 +166,9 @@ def _package_threads() -> int:
     return sum(1 for thread in threading.enumerate() if thread.name.startswith('pydantic-ai-durable'))
 
 
-async def _peak_while_all_inside(make_journal: Callable[[], Journal], n: int, sample: Callable[[], int]) -> int:
+async def _peak_while_all_inside(new_journal: Callable[[], Journal], n: int, sample: Callable[[], int]) -> int:
     """Run `n` executions until every one is inside its first tool call, and sample there."""
-    work = Workload(make_journal())
+    work = Workload(new_journal())
     arrived = 0
     everyone = asyncio.Event()
     peak = 0
@@ -214,11 +187,11 @@ async def _peak_while_all_inside(make_journal: Callable[[], Journal], n: int, sa
     return peak
 
 
-async def test_cc2_threads_do_not_grow_with_the_number_of_executions(make_journal: Callable[[], Journal]) -> None:
-    ten = await _peak_while_all_inside(make_journal, 10, threading.active_count)
-    hundred = await _peak_while_all_inside(make_journal, 100, threading.active_count)
+async def test_cc2_threads_do_not_grow_with_the_number_of_executions(new_journal: Callable[[], Journal]) -> None:
+    ten = await _peak_while_all_inside(new_journal, 10, threading.active_count)
+    hundred = await _peak_while_all_inside(new_journal, 100, threading.active_count)
     assert hundred <= ten, (ten, hundred)
-    assert await _peak_while_all_inside(make_journal, 10, _package_threads) <= 1
+    assert await _peak_while_all_inside(new_journal, 10, _package_threads) <= 1
 
 
 def _connections(dsn: str, application: str) -> int:
@@ -286,9 +259,9 @@ def _slow_cleanup(journal: Journal) -> None:
 
 
 async def test_cc3_a_renewal_racing_the_end_of_a_successful_execution_never_raises(
-    make_journal: Callable[[], Journal],
+    new_journal: Callable[[], Journal],
 ) -> None:
-    journal = make_journal()
+    journal = new_journal()
     _slow_cleanup(journal)
     work = Workload(journal)
     for n in range(3):  # renewals every 0.3 s: one lands while the deletion's answer is on its way

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,31 +37,6 @@ from pydantic_ai_durable.testing import crash_at
 POSIX = pytest.mark.skipif(sys.platform == 'win32', reason='needs fork and SIGKILL')
 
 
-@pytest.fixture(params=['memory', 'disk', 'postgres'])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Journal]]:
-    """A factory of journal objects over one store, as each new process would open it (memory: one object)."""
-    made: list[Journal] = []
-    if request.param == 'memory':
-        shared = MemoryJournal()
-        yield lambda: shared
-        return
-    if request.param == 'disk':
-
-        def factory() -> Journal:
-            made.append(DiskJournal(tmp_path / 'j'))
-            return made[-1]
-    else:
-        dsn, schema = fresh_schema()
-
-        def factory() -> Journal:
-            made.append(PostgresJournal(dsn, schema=schema))
-            return made[-1]
-
-    yield factory
-    for journal in made:
-        asyncio.run(journal.close())
-
-
 async def _states(journal: Journal) -> dict[str, str]:
     return {info.key: info.state for info in await journal.list_executions()}
 
@@ -70,31 +45,31 @@ async def _states(journal: Journal) -> dict[str, str]:
 
 
 async def test_fn1_a_retry_of_a_finished_key_makes_no_model_request_and_runs_no_tool(
-    store: Callable[[], Journal],
+    new_journal: Callable[[], Journal],
 ) -> None:
     calls = Calls()
-    async with execution('done', journal=store()):
+    async with execution('done', journal=new_journal()):
         first = await two_step_agent(None, calls).run('q')
     assert (calls['model'], calls['tool']) == (2, 1)
-    assert await _states(store()) == {'done': 'finished'}
+    assert await _states(new_journal()) == {'done': 'finished'}
 
-    async with execution('done', journal=store()) as handle:
+    async with execution('done', journal=new_journal()) as handle:
         again = await two_step_agent(None, calls).run('q')
     assert (calls['model'], calls['tool']) == (2, 1)  # nothing ran again
     assert again.output == first.output
     assert handle.stats.recorded.total() == 0 and handle.stats.replayed == {'model': 2, 'tool': 1}
-    assert await _states(store()) == {'done': 'finished'}
+    assert await _states(new_journal()) == {'done': 'finished'}
 
 
 async def test_fn1_cleanup_execution_deletes_on_success_for_a_key_reused_for_new_work(
-    store: Callable[[], Journal],
+    new_journal: Callable[[], Journal],
 ) -> None:
     calls = Calls()
     for _ in range(2):
-        async with execution('daily', journal=store(), cleanup='execution'):
+        async with execution('daily', journal=new_journal(), cleanup='execution'):
             await two_step_agent(None, calls).run('q')
     assert (calls['model'], calls['tool']) == (4, 2)
-    assert await _states(store()) == {}
+    assert await _states(new_journal()) == {}
 
 
 def test_fn1_cleanup_never_names_its_replacement() -> None:
@@ -288,9 +263,9 @@ async def _finish(journal: Journal, key: str, **options: Any) -> None:
 
 
 async def test_fn2_retention_deletes_only_finished_executions_past_their_period(
-    store: Callable[[], Journal],
+    new_journal: Callable[[], Journal],
 ) -> None:
-    journal = store()
+    journal = new_journal()
     await _finish(journal, 'short', retention=0.5)
     await _finish(journal, 'forever', retention=None)
     await _finish(journal, 'week')  # the journal's default: seven days
@@ -321,8 +296,10 @@ async def test_fn2_retention_deletes_only_finished_executions_past_their_period(
         await running.__aexit__(None, None, None)
 
 
-async def test_fn2_the_end_of_a_successful_attempt_prunes_expired_executions(store: Callable[[], Journal]) -> None:
-    journal = store()
+async def test_fn2_the_end_of_a_successful_attempt_prunes_expired_executions(
+    new_journal: Callable[[], Journal],
+) -> None:
+    journal = new_journal()
     deadline = time.time() + 3.0  # all ten expire after the last is written, whatever the pace of this machine
     for n in range(10):  # old-0 first, old-9 last, 50 ms apart
         await _finish(journal, f'old-{n}', retention=max(0.0, deadline + 0.05 * n - time.time()))
@@ -336,9 +313,9 @@ async def test_fn2_the_end_of_a_successful_attempt_prunes_expired_executions(sto
 
 
 async def test_fn2_a_finished_execution_entered_again_is_out_of_retention_until_it_ends(
-    store: Callable[[], Journal],
+    new_journal: Callable[[], Journal],
 ) -> None:
-    journal = store()
+    journal = new_journal()
     await _finish(journal, 'again', retention=0.2)
 
     async def reenter() -> None:
@@ -366,8 +343,8 @@ def test_fn2_retention_values_are_checked(tmp_path: Path) -> None:
 # -- FN-3: states -------------------------------------------------------------------------------------
 
 
-async def test_fn3_states_after_success_failure_and_a_crash(store: Callable[[], Journal]) -> None:
-    journal = store()
+async def test_fn3_states_after_success_failure_and_a_crash(new_journal: Callable[[], Journal]) -> None:
+    journal = new_journal()
     await _finish(journal, 'ok')
     with pytest.raises(RuntimeError):
         async with execution('bad', journal=journal):
@@ -459,8 +436,8 @@ def test_fn3_the_cli_judges_a_just_killed_holder_as_the_engine_does(tmp_path: Pa
 # -- FN-4: metadata -----------------------------------------------------------------------------------
 
 
-async def test_fn4_metadata_round_trip(store: Callable[[], Journal]) -> None:
-    journal = store()
+async def test_fn4_metadata_round_trip(new_journal: Callable[[], Journal]) -> None:
+    journal = new_journal()
     metadata = {'order': 42, 'queue': 'billing', 'tags': ['a', 'é'], 'retry': None, 'cost': 1.5}
     await _finish(journal, 'meta', metadata=metadata)
     [info] = await journal.list_executions()
