@@ -274,6 +274,8 @@ class DiskJournal:
                 f'The journal path {str(self.path)!r} is a file, not a directory. '
                 'Point DiskJournal (or PYDANTIC_AI_DURABLE_DIR) at a directory.'
             )
+        if self._cache is not None:
+            return  # opened and proved writable before; every write of an attempt is checked on its own (B-15)
         try:
             cache = self._open_cache()
             probe = f'probe/{os.getpid()}'
