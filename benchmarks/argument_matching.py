@@ -55,12 +55,17 @@ async def _child(phase: str, journal_kind: str, steps: int, directory: Path, col
     from pydantic_ai_durable import DiskJournal, Durable, Journal, MemoryJournal, execution
 
     print(f'package: {Path(pydantic_ai_durable.__file__).parent}', file=sys.stderr)
+    from typing import get_args
+
+    from pydantic_ai_durable._journal import CleanupMode
+
+    keep = 'keep' if 'keep' in get_args(CleanupMode) else 'never'  # what keeps a finished execution, then and now
 
     def journal(name: str) -> Journal:
         return MemoryJournal() if journal_kind == 'memory' else DiskJournal(directory / name)
 
     async def attempt(target: Journal, key: str) -> None:
-        async with execution(key, journal=target, cleanup='keep'):
+        async with execution(key, journal=target, cleanup=keep):
             await build_agent(steps, [Durable()]).run('go', usage_limits=LIMITS)
 
     await attempt(journal('warm'), 'warm-up')  # imports, encoders, caches: the same for both trees
