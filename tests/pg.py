@@ -180,7 +180,7 @@ def server_dsn() -> str:
             try:
                 import psycopg  # noqa: F401
             except ImportError:
-                _state['error'] = "psycopg is not installed (pip install 'pydantic-ai-durable[postgres]')."
+                _state['error'] = "psycopg is not installed (pip install -e '.[postgres]')."
             else:
                 if external:
                     _state['dsn'] = external

@@ -288,7 +288,7 @@ def _warn_if_shared(database: Path, file_mode: int) -> None:
     log.warning(
         'The journal %r: %s can be read or written by other users, more than the journal mode %s allows; '
         'they keep recorded prompts, model answers and tool results. If it is not shared on purpose, run '
-        '`chmod %o %s` (files created by pydantic-ai-durable 0.1.0 got the umask default); if it is, pass '
+        '`chmod %o %s` (files created by pydantic-ai-durable-journal 0.1.0 got the umask default); if it is, pass '
         'DiskJournal(mode=...) to match.',
         str(database.parent),
         shown,
