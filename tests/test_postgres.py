@@ -1,4 +1,4 @@
-"""`PostgresJournal` against a real PostgreSQL server that the test session starts itself (SPEC B-1..B-8).
+"""`PostgresJournal` against a real PostgreSQL server that the test session starts itself (B-1..B-8).
 
 The backend contract (the same behaviours `test_backends.py` checks for memory and disk), plus what
 only a network store has: schema creation and versioning, connections per event loop and thread,

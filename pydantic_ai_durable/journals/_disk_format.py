@@ -1,4 +1,4 @@
-"""DiskJournal's storage format: rows of JSON text that reading can never turn into code (SPEC J-8).
+"""DiskJournal's storage format: rows of JSON text that reading can never turn into code (J-8).
 
 diskcache's own `Disk` unpickles every row whose `mode` column says pickle and every key whose `raw`
 flag is off, reads and deletes whatever side file a row's `filename` names, and `Cache` applies whatever
