@@ -4,7 +4,7 @@ Runs the bare agent and the same agent with `Durable` on `MemoryJournal`, on `Di
 then replay), on Postgres when `PYDANTIC_AI_DURABLE_PG_DSN` is set, and the reference design when it
 is importable, interleaved in one process; prints the median wall time of each as a ratio to the bare
 agent, the time added per round trip, the memory allocated per round trip (tracemalloc), how many
-backend reads a resumed run made, and each SPEC PERF target next to its measured figure.
+backend reads a resumed run made, and each PERF target of docs/rules.md next to its measured figure.
 
     python benchmarks/agent_overhead.py            # N = 50, 200 (5 samples) and 1000 (1 sample), ~2 minutes
     python benchmarks/agent_overhead.py --quick    # N = 50 and 200 only, under a minute
@@ -208,7 +208,7 @@ async def main() -> None:
 
         at200 = results[200]
         record, replay = at200['disk (record)'] / at200['bare'], at200['disk (replay)'] / at200['bare']
-        print('\nSPEC targets (measured in this run):')
+        print('\nPERF targets of docs/rules.md (measured in this run):')
         print(f'  PERF-2 record on disk at N=200: {record:.2f}x bare (target <= 1.30x)')
         print(f'  PERF-2 replay from disk at N=200: {replay:.2f}x bare (target <= 1.20x)')
         if 1000 in results:

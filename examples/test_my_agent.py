@@ -1,7 +1,8 @@
 """Durability tests for an agent, written the way you would write them for your own agent.
 
-Needs only `pip install pydantic-ai-durable pytest pytest-asyncio`: the `journal` fixture comes from
-the pytest plugin the package registers, and runs each test on every journal backend available.
+Needs only this package, pytest and pytest-asyncio (from a checkout of this repository:
+`pip install -e . pytest pytest-asyncio`): the `journal` fixture comes from the pytest plugin the package
+registers, and runs each test on every journal backend available.
 
     pytest examples/test_my_agent.py
 """

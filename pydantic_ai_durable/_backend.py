@@ -2,7 +2,7 @@
 
 `execute` turns each operation into one journal step (claim, replay or run live, record) and is
 where the per-kind differences live: how a step is fingerprinted, what is masked before it is
-recorded, and what the usage ledger must cancel when it replays (SPEC A-5, A-6).
+recorded, and what the usage ledger must cancel when it replays (A-5, A-6).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m pydantic_ai_durable`: list, show, delete and prune the executions of a journal (SPEC CLI-1, CLI-2).
+"""`python -m pydantic_ai_durable`: list, show, delete and prune the executions of a journal (CLI-1, CLI-2).
 
 When a retry costs money again, a user needs to see what the journal held and where replay stopped,
 without writing code. The CLI only works on a journal that already exists: it never creates a

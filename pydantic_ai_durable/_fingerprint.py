@@ -1,4 +1,4 @@
-"""Fingerprints of model requests and tool calls (SPEC section 13, PERF-1).
+"""Fingerprints of model requests and tool calls (FP-1..FP-14, PERF-1).
 
 A journal entry is matched by position; its fingerprint says whether the recorded step was asked the
 same thing as the live one. A digest therefore has to be identical in every process that asks the same

@@ -1,7 +1,7 @@
 """The framework-neutral journal: attempts, runs, steps, matching, divergence and failure fences.
 
 It knows positions, names, kinds, fingerprints and JSON payloads, and nothing of pydantic-ai, so
-every replay rule of SPEC Part II sections 2-10 lives here once and is tested without an agent.
+every replay rule of docs/rules.md (R, P, M, D, W, F, X, C and S) lives here once and is tested without an agent.
 A run reads its recorded entries in one backend call when it starts; claims then decide
 synchronously from that snapshot (P-2), and only writes are awaited.
 """

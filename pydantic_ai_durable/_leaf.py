@@ -1,4 +1,4 @@
-"""Journaling for leaf toolsets pydantic-ai does not run as durable units (SPEC A-8, P-5, T-rules).
+"""Journaling for leaf toolsets pydantic-ai does not run as durable units (A-8, P-5, T-rules).
 
 Function, dynamic and MCP toolsets are journaled by pydantic-ai's own durable wrappers. Any other
 leaf (a custom `AbstractToolset`, an `ExternalToolset`) would silently run again on every retry,

@@ -1,4 +1,4 @@
-"""Replay usage ledger: keeps journal replays from counting as new usage (SPEC section 14, U-1..U-17).
+"""Replay usage ledger: keeps journal replays from counting as new usage (U-1..U-17).
 
 pydantic-ai cannot tell a replayed step from a live one, so it bills both the same way: the graph
 adds `requests += 1` plus the response's tokens and cost for every model response it commits, and
@@ -59,7 +59,7 @@ _NON_COUNTER_FIELDS = frozenset({'details', 'cost'})
 class JournalView(Protocol):
     """The part of a journal run the ledger reads when it looks ahead for steps that will replay.
 
-    Looking ahead must respect the same fences as replay itself (SPEC S-3), so `peek` answers `None`
+    Looking ahead must respect the same fences as replay itself (S-3), so `peek` answers `None`
     for a position that is empty, past a divergence, or at/after the run's failure fence.
     """
 
@@ -134,7 +134,7 @@ def subtract_usage(run_usage: RunUsage, usage: RequestUsage | RunUsage) -> None:
 
 
 subtract_request_usage = subtract_usage
-"""The name SPEC U-2 uses for `subtract_usage`."""
+"""The name rule U-2 uses for `subtract_usage`."""
 
 
 def add_usage(run_usage: RunUsage, usage: RequestUsage | RunUsage) -> None:
@@ -186,7 +186,7 @@ class ReplayUsageLedger:
     """Cancels what pydantic-ai counts for replayed steps and pre-credits the limit checks that precede them.
 
     One ledger serves one agent run, over the `RunUsage` that run was given. The public methods are
-    called by the durable backend at fixed points of every model request and tool call (SPEC A-6,
+    called by the durable backend at fixed points of every model request and tool call (A-6,
     A-5); `settle()` runs at the start of each model request and when the run ends.
     """
 

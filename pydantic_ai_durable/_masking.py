@@ -1,4 +1,4 @@
-"""Secret masking for everything the journal stores or fingerprints (SPEC K-1..K-6).
+"""Secret masking for everything the journal stores or fingerprints (K-1..K-6).
 
 Only strings the user registered as secrets are hidden; nothing is guessed from key names, because
 hiding a field merely called `auth_type` would corrupt data the model needs. The walk over nested

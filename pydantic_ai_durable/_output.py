@@ -1,4 +1,4 @@
-"""Output functions as journal steps (SPEC A-11): `ToolOutput(func)`, `TextOutput(func)` and their validators.
+"""Output functions as journal steps (A-11): `ToolOutput(func)`, `TextOutput(func)` and their validators.
 
 pydantic-ai calls an output function in the agent loop, outside any durable unit, so without this a
 replayed run would call it again, and output functions often act (file a ticket, send the answer on).

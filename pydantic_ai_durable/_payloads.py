@@ -1,4 +1,4 @@
-"""The recorded form of a tool call made through a toolset pydantic-ai does not journal itself (SPEC T-1..T-6).
+"""The recorded form of a tool call made through a toolset pydantic-ai does not journal itself (T-1..T-6).
 
 Custom `AbstractToolset`s and `ExternalToolset`s have no wire format of their own, so their outcomes
 are stored as small JSON dicts tagged with a `kind`. Control-flow exceptions are outcomes the model

@@ -1,4 +1,4 @@
-"""Live usage across attempts (SPEC U2): what each run really spent, persisted as it is spent.
+"""Live usage across attempts (U2-1..U2-4): what each run really spent, persisted as it is spent.
 
 pydantic-ai counts usage per run object and knows nothing of earlier attempts. The journal keeps,
 per run, the live spend of every attempt so a resumed run starts from it and `UsageLimits` cap

@@ -46,7 +46,7 @@ class Calls:
 
 
 def two_step_model(calls: Calls, *, fail_final: bool = False, usages: tuple[RequestUsage, ...] = ()) -> FunctionModel:
-    """Asks for `query` once, then answers with what it returned (SCENARIOS' two-step agent)."""
+    """Asks for `query` once, then answers with what it returned (the two-step agent most tests use)."""
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         calls.hit('model')

@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for the tests (SPEC B-8: real server, no mocks, no skips in CI).
+"""A throwaway PostgreSQL server for the tests (B-8: real server, no mocks, no skips in CI).
 
 The server is started once per test session from the PostgreSQL binaries on this machine
 (`initdb` / `pg_ctl` on PATH or under `/usr/lib/postgresql/*/bin`), in a temporary directory, on a
@@ -180,7 +180,7 @@ def server_dsn() -> str:
             try:
                 import psycopg  # noqa: F401
             except ImportError:
-                _state['error'] = "psycopg is not installed (pip install 'pydantic-ai-durable[postgres]')."
+                _state['error'] = "psycopg is not installed (pip install -e '.[postgres]')."
             else:
                 if external:
                     _state['dsn'] = external

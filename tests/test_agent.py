@@ -1,4 +1,5 @@
-"""End-to-end replay with real pydantic-ai agents (SCENARIOS A, C, D, E, F, G), on every backend."""
+"""End-to-end replay with real pydantic-ai agents, on every backend: crash and resume, failure fences,
+unloadable payloads and cleanup."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def five_turn_agent(journal: Journal, calls: Calls, *, broken: bool) -> Agent[No
     )
 
 
-async def test_a1_resume_replays_completed_steps_and_runs_the_rest_live(new_journal: Any) -> None:
+async def test_resume_replays_completed_steps_and_runs_the_rest_live(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(RuntimeError, match='tool 3 is broken'):
         async with execution('a1'):
@@ -70,7 +71,7 @@ async def test_a1_resume_replays_completed_steps_and_runs_the_rest_live(new_jour
     assert dict(handle.stats.recorded) == {'model': 3, 'tool': 3}
 
 
-async def test_a2_final_request_crash_replays_first_request(new_journal: Any) -> None:
+async def test_final_request_crash_replays_first_request(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(RuntimeError, match='model crashed'):
         async with execution('a2'):
@@ -81,7 +82,7 @@ async def test_a2_final_request_crash_replays_first_request(new_journal: Any) ->
     assert (calls['model'], calls['tool']) == (3, 1)
 
 
-async def test_a3_failure_after_the_run_replays_every_step(new_journal: Any) -> None:
+async def test_failure_after_the_run_replays_every_step(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(KeyError):
         async with execution('a3'):
@@ -95,7 +96,7 @@ async def test_a3_failure_after_the_run_replays_every_step(new_journal: Any) -> 
     assert dict(handle.stats.replayed) == {'model': 2, 'tool': 1}
 
 
-async def test_a5_changed_instructions_diverge_at_the_first_model_step(new_journal: Any) -> None:
+async def test_changed_instructions_diverge_at_the_first_model_step(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(RuntimeError):
         async with execution('a5'):
@@ -110,7 +111,7 @@ async def test_a5_changed_instructions_diverge_at_the_first_model_step(new_journ
 
 
 @pytest.mark.parametrize('change', ['function', 'settings'])
-async def test_a6_fp2_changed_model_identity_or_model_settings_diverge(new_journal: Any, change: str) -> None:
+async def test_fp2_changed_model_identity_or_model_settings_diverge(new_journal: Any, change: str) -> None:
     calls = Calls()
 
     def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -139,7 +140,7 @@ async def test_a6_fp2_changed_model_identity_or_model_settings_diverge(new_journ
     assert handle.stats.replayed['model'] == 0
 
 
-async def test_a7_fp4_transport_only_settings_do_not_diverge(new_journal: Any) -> None:
+async def test_fp4_transport_only_settings_do_not_diverge(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(RuntimeError):
         async with execution('a7'):
@@ -174,7 +175,7 @@ def charging_agent(journal: Journal, calls: Calls, *, delays: bool, crash_final:
     )
 
 
-async def test_a8_p2_parallel_calls_claim_positions_in_start_order(new_journal: Any) -> None:
+async def test_p2_parallel_calls_claim_positions_in_start_order(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(RuntimeError):
         async with execution('a8'):
@@ -186,7 +187,7 @@ async def test_a8_p2_parallel_calls_claim_positions_in_start_order(new_journal: 
     assert handle.stats.replayed['tool'] == 3
 
 
-async def test_a9_f2_parallel_siblings_of_a_failed_call_stay_replayable(new_journal: Any) -> None:
+async def test_f2_parallel_siblings_of_a_failed_call_stay_replayable(new_journal: Any) -> None:
     calls = Calls()
 
     def agent(fail_first: bool) -> Agent[None, str]:
@@ -224,7 +225,7 @@ async def test_a9_f2_parallel_siblings_of_a_failed_call_stay_replayable(new_jour
 
 
 @pytest.mark.parametrize('cleanup', ['execution', 'run'])
-async def test_a10_c3_cleanup_mode_decides_what_a_retry_replays(new_journal: Any, cleanup: Any) -> None:
+async def test_c3_cleanup_mode_decides_what_a_retry_replays(new_journal: Any, cleanup: Any) -> None:
     calls_a, calls_b = Calls(), Calls()
     with pytest.raises(RuntimeError):
         async with execution('a10', cleanup=cleanup):
@@ -282,7 +283,7 @@ def nested_agents(journal: Journal, calls: Calls, *, second_fails: bool) -> Agen
     )
 
 
-async def test_a11_r4_nested_runs_are_numbered_under_their_parent_step(new_journal: Any) -> None:
+async def test_r4_nested_runs_are_numbered_under_their_parent_step(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(RuntimeError, match='second sub-agent failed'):
         async with execution('a11') as first_attempt:
@@ -298,7 +299,7 @@ async def test_a11_r4_nested_runs_are_numbered_under_their_parent_step(new_journ
     assert [info.state for info in await new_journal().list_executions()] == ['finished']
 
 
-async def test_a12_r1_inert_outside_an_execution(new_journal: Any) -> None:
+async def test_r1_inert_outside_an_execution(new_journal: Any) -> None:
     calls = Calls()
     journal = new_journal()
     result = await two_step_agent(journal, calls).run('q')
@@ -306,7 +307,7 @@ async def test_a12_r1_inert_outside_an_execution(new_journal: Any) -> None:
     assert await stored_executions(journal) == []
 
 
-async def test_a13_r2_second_attempt_in_one_process_gets_a_fresh_view(new_journal: Any) -> None:
+async def test_r2_second_attempt_in_one_process_gets_a_fresh_view(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(KeyError):
         async with execution('a13', cleanup='keep') as one:
@@ -320,7 +321,7 @@ async def test_a13_r2_second_attempt_in_one_process_gets_a_fresh_view(new_journa
     assert two.attempt == 2
 
 
-async def test_a14_i5_stream_replays_with_the_same_output(new_journal: Any) -> None:
+async def test_i5_stream_replays_with_the_same_output(new_journal: Any) -> None:
     calls = Calls()
 
     async def stream(messages: list[ModelMessage], info: AgentInfo) -> Any:
@@ -389,7 +390,7 @@ def validated_agent(journal: Journal, calls: Calls, *, valid: bool) -> Agent[Non
     return agent
 
 
-async def test_c30_f4_model_at_fault_re_asks_only_the_last_request(new_journal: Any) -> None:
+async def test_f4_model_at_fault_re_asks_only_the_last_request(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(UnexpectedModelBehavior):
         async with execution('c30'):
@@ -404,7 +405,7 @@ async def test_c30_f4_model_at_fault_re_asks_only_the_last_request(new_journal: 
     assert handle.stats.replayed['model'] == 2
 
 
-async def test_c31_f4_exhausted_tool_retries_fence_at_the_last_model_step(new_journal: Any) -> None:
+async def test_f4_exhausted_tool_retries_fence_at_the_last_model_step(new_journal: Any) -> None:
     calls = Calls()
 
     def agent(fixed: bool) -> Agent[None, str]:
@@ -437,7 +438,7 @@ async def test_c31_f4_exhausted_tool_retries_fence_at_the_last_model_step(new_jo
     assert handle.stats.replayed == {'model': 1, 'tool': 1}
 
 
-async def test_c32_f4_model_error_raised_inside_a_step_fences_at_that_step(new_journal: Any) -> None:
+async def test_f4_model_error_raised_inside_a_step_fences_at_that_step(new_journal: Any) -> None:
     calls = Calls()
 
     def agent(broken: bool) -> Agent[None, str]:
@@ -488,7 +489,7 @@ async def finished_then_failed(new_journal: Any, key: str, calls: Calls) -> None
             raise KeyError('after the run')
 
 
-async def test_d35_x1_unloadable_model_payloads_run_live(new_journal: Any) -> None:
+async def test_x1_unloadable_model_payloads_run_live(new_journal: Any) -> None:
     calls = Calls()
     await finished_then_failed(new_journal, 'd35', calls)
     await corrupt(new_journal(), 'd35', 'model')
@@ -499,7 +500,7 @@ async def test_d35_x1_unloadable_model_payloads_run_live(new_journal: Any) -> No
     assert handle.stats.replayed['model'] == 0
 
 
-async def test_d36_x2_unloadable_tool_payload_diverges_from_there(new_journal: Any) -> None:
+async def test_x2_unloadable_tool_payload_diverges_from_there(new_journal: Any) -> None:
     calls = Calls()
     await finished_then_failed(new_journal, 'd36', calls)
     await corrupt(new_journal(), 'd36', 'tool')
@@ -511,7 +512,7 @@ async def test_d36_x2_unloadable_tool_payload_diverges_from_there(new_journal: A
 # -- E. cleanup --------------------------------------------------------------------------------------
 
 
-async def test_e44_cleaned_up_key_runs_live_again(new_journal: Any) -> None:
+async def test_cleaned_up_key_runs_live_again(new_journal: Any) -> None:
     calls = Calls()
     for _ in range(2):
         async with execution('e44', cleanup='execution'):  # the key is reused for new work on purpose
@@ -536,7 +537,7 @@ class FailingJournal(MemoryJournal):
         return await super().write_entry(key, run, position, entry, epoch=epoch)
 
 
-async def test_f50_s2_summary_lists_steps_that_ran_but_were_not_recorded(caplog: pytest.LogCaptureFixture) -> None:
+async def test_s2_summary_lists_steps_that_ran_but_were_not_recorded(caplog: pytest.LogCaptureFixture) -> None:
     calls = Calls()
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -573,7 +574,7 @@ async def test_f50_s2_summary_lists_steps_that_ran_but_were_not_recorded(caplog:
 
 
 @pytest.mark.parametrize('tool_kind', ['function', 'leaf'])
-async def test_g51_t4_jf5_unjournalable_tool_result_leaves_a_fence_a_retry_stops_at(
+async def test_t4_jf5_unjournalable_tool_result_leaves_a_fence_a_retry_stops_at(
     new_journal: Any, tool_kind: str
 ) -> None:
     calls = Calls()

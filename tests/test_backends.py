@@ -1,4 +1,4 @@
-"""The journal backend contract (SPEC J-1..J-8, B-1..B-7, scenarios F45-F49), one suite for every backend.
+"""The journal backend contract (J-1..J-8, B-1..B-7), one suite for every backend.
 
 Each test runs against every factory in `conftest.BACKEND_FACTORIES` (memory and disk today); a new
 backend joins by adding its factory there. Disk-only tests (directories, processes) are at the end.
@@ -165,7 +165,7 @@ async def test_j5_strings_round_trip_exactly(backend_store: Journal) -> None:
         assert 1 not in (await j.read_run(KEY, '0')).entries
 
 
-async def test_f49_decimal_cost_survives_the_round_trip(backend_case: BackendCase) -> None:
+async def test_decimal_cost_survives_the_round_trip(backend_case: BackendCase) -> None:
     adapter = TypeAdapter(ModelResponse)
     cost = Decimal('0.000123456789012345678901234567')
     response = ModelResponse(

@@ -1,4 +1,4 @@
-"""The inspection CLI (SPEC CLI-1, CLI-2) against journals written by real agent runs.
+"""The inspection CLI (CLI-1, CLI-2) against journals written by real agent runs.
 
 Every test runs the CLI as a separate process, the way a user does, over a journal that real
 `Agent` runs (a `FunctionModel` and a `FunctionToolset` under `Durable`) recorded, and compares what

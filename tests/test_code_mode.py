@@ -1,4 +1,4 @@
-"""Code mode (pydantic-ai-harness `CodeMode`): each nested tool call is its own step (SPEC CM-1..CM-3)."""
+"""Code mode (pydantic-ai-harness `CodeMode`): each nested tool call is its own step (CM-1..CM-3)."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def run_child(tmp_path: Path, kill_at: int) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.skipif(sys.platform == 'win32', reason='SIGKILL is POSIX')
-def test_a4_sigkill_inside_a_tool_then_resume_in_a_new_process(tmp_path: Path) -> None:
+def test_sigkill_inside_a_tool_then_resume_in_a_new_process(tmp_path: Path) -> None:
     first = run_child(tmp_path, kill_at=3)
     assert first.returncode == -signal.SIGKILL, first.stderr
     second = run_child(tmp_path, kill_at=0)

@@ -1,4 +1,4 @@
-"""Journal faults never silently break the exactly-once promise (SPEC JF-1..JF-6).
+"""Journal faults never silently break the exactly-once promise (JF-1..JF-6).
 
 Real faults: a PostgreSQL server crashed with `pg_ctl stop -m immediate` and started again, a table
 locked past `statement_timeout`, a database file with corrupted pages, truncated to zero bytes or

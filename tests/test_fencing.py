@@ -1,4 +1,4 @@
-"""Leases that fence (SPEC B-9..B-14): an attempt that lost its execution writes nothing and runs nothing.
+"""Leases that fence (B-9..B-14): an attempt that lost its execution writes nothing and runs nothing.
 
 Real processes paused with SIGSTOP, a holder in another pid namespace, clocks that disagree, a
 forced delete while an attempt runs, on DiskJournal and PostgresJournal (and MemoryJournal where

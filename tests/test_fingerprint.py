@@ -1,4 +1,4 @@
-"""Fingerprints (SPEC section 13, FP-1..FP-13; SCENARIOS I62-I69; PERF-1 correctness).
+"""Fingerprints (FP-1..FP-13; PERF-1 correctness).
 
 Histories and parameters are real pydantic-ai objects. Timing is left to `benchmarks/fingerprint.py`;
 here PERF-1 is checked structurally (how many messages a step renders) and by equality with the
@@ -246,7 +246,7 @@ def test_fp2_request_preparer_results_are_not_changed_by_edits_to_returned_objec
 
 
 # ------------------------------------------------------------------------------------------------------
-# FP-3 (I62): volatile fields, user data, masking, code mode
+# FP-3: volatile fields, user data, masking, code mode
 # ------------------------------------------------------------------------------------------------------
 
 
@@ -295,7 +295,7 @@ def test_fp3_secrets_are_masked_so_replayed_history_matches_live() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------
-# FP-4 (I65): transport-only settings
+# FP-4: transport-only settings
 # ------------------------------------------------------------------------------------------------------
 
 # The transport-only settings of pydantic-ai 2.62 as reviewed by hand. The module also adds any future
@@ -468,7 +468,7 @@ def test_fp4_temperature_still_counts_alongside_a_timeout() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------
-# FP-5 (I63, I66): request parameters
+# FP-5: request parameters
 # ------------------------------------------------------------------------------------------------------
 
 
@@ -517,7 +517,7 @@ def test_fp5_what_the_model_is_asked_changes_digest(change: dict[str, Any]) -> N
 
 
 # ------------------------------------------------------------------------------------------------------
-# FP-6 (I64, I68): rendering of settings and arguments
+# FP-6: rendering of settings and arguments
 # ------------------------------------------------------------------------------------------------------
 
 
@@ -566,7 +566,7 @@ def test_fp6_non_json_setting_values_are_rendered_by_pydantic() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------
-# FP-7 (I69): tool-call fingerprints
+# FP-7: tool-call fingerprints
 # ------------------------------------------------------------------------------------------------------
 
 
@@ -619,7 +619,7 @@ def test_fp7_tool_fingerprint_is_synchronous() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------
-# FP-8 (I67, I68): set ordering and refusals
+# FP-8: set ordering and refusals
 # ------------------------------------------------------------------------------------------------------
 
 _SEED_SCRIPT = textwrap.dedent(

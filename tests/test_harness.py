@@ -1,4 +1,4 @@
-"""The async test harness (SPEC H-1, H-4, H-5, H-6) on real pydantic-ai agents, durable-safe or not.
+"""The async test harness (H-1, H-4, H-5, H-6) on real pydantic-ai agents, durable-safe or not.
 
 The agents that are not durable-safe are the point: each shows that the harness catches a mistake a
 user can make, and that its message names the step, the crash point and the cause.

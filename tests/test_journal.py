@@ -1,6 +1,6 @@
-"""The framework-neutral journal core (SPEC Part II sections 2-10, B-3, B-5, B-7), over every backend.
+"""The framework-neutral journal core (the R, P, M, D, W, F, X, C and S rules, B-3, B-5, B-7), over every backend.
 
-Scenarios B15-B22, C24-C29, C33-C34, D38, E39-E41, E43 and F47/F50 of SCENARIOS.md, driven through
+Each rule is driven through
 `Attempt` / `Run` / `Step` exactly as the pydantic-ai adapter drives them: claim synchronously, run the
 body only when the step did not replay, record its result, note a raise, fail the run.
 """
@@ -187,7 +187,7 @@ def dead_pid() -> int:
 # -- B. Matching: M-1..M-7, D-1..D-5 -------------------------------------------------------------
 
 
-async def test_m7_b15_matching_step_replays_its_payload_without_running_the_body(
+async def test_m7_matching_step_replays_its_payload_without_running_the_body(
     backend_journal: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
     j = backend_journal
@@ -216,7 +216,7 @@ async def test_m7_b15_matching_step_replays_its_payload_without_running_the_body
     assert any('replayed step 0 (agent__model.request)' in r.getMessage() for r in caplog.records)  # S-4
 
 
-async def test_m4_b16_name_mismatch_diverges(backend_journal: Journal, caplog: pytest.LogCaptureFixture) -> None:
+async def test_m4_name_mismatch_diverges(backend_journal: Journal, caplog: pytest.LogCaptureFixture) -> None:
     j = backend_journal
     await record_all(j, [('a', 'tool', 'f0'), ('b', 'tool', 'f1')])
     bodies = Bodies()
@@ -239,7 +239,7 @@ async def test_m4_b16_name_mismatch_diverges(backend_journal: Journal, caplog: p
 
 
 @pytest.mark.parametrize(('recorded', 'claimed'), [('f0', 'changed'), ('f0', None), (None, 'f0')])
-async def test_m4_b17_fingerprint_mismatch_diverges(
+async def test_m4_fingerprint_mismatch_diverges(
     backend_journal: Journal, caplog: pytest.LogCaptureFixture, recorded: str | None, claimed: str | None
 ) -> None:
     j = backend_journal
@@ -258,7 +258,7 @@ async def test_m4_b17_fingerprint_mismatch_diverges(
     assert any('request differs' in w for w in warnings_of(caplog))
 
 
-async def test_m5_b18_unfingerprinted_first_step_replays(backend_journal: Journal) -> None:
+async def test_m5_unfingerprinted_first_step_replays(backend_journal: Journal) -> None:
     j = backend_journal
     await record_all(j, [('agent__capability__c.op', 'other', None)])
     attempt = make_attempt(j)
@@ -291,7 +291,7 @@ async def test_m5_unfingerprinted_first_step_replays_only_for_a_run_started_alik
     assert not run.diverged  # M-5: an unverifiable step that does not replay is no divergence
 
 
-async def test_m5_b19_unfingerprinted_step_replays_only_after_a_replay(
+async def test_m5_unfingerprinted_step_replays_only_after_a_replay(
     backend_journal: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
     j = backend_journal
@@ -345,7 +345,7 @@ async def test_m6_a9_non_replayable_claim_keeps_the_chain_so_the_next_unfingerpr
     assert bodies.calls == Counter(a=1, remote=2, event=1, b=1)
 
 
-async def test_m3_b20_a_step_missing_from_the_journal_runs_live_and_a_later_step_replays(
+async def test_m3_a_step_missing_from_the_journal_runs_live_and_a_later_step_replays(
     backend_journal: Journal,
 ) -> None:
     j = backend_journal
@@ -369,7 +369,7 @@ async def test_m3_b20_a_step_missing_from_the_journal_runs_live_and_a_later_step
     assert second.stats.recorded == Counter(tool=1)
 
 
-async def test_m2_w3_b21_non_replayable_step_runs_live_every_attempt_and_is_never_stored(
+async def test_m2_w3_non_replayable_step_runs_live_every_attempt_and_is_never_stored(
     backend_journal: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
     j = backend_journal
@@ -405,7 +405,7 @@ async def test_m2_non_replayable_claim_ignores_an_entry_at_its_position(backend_
     assert one.replayed and one.payload == 'next result'
 
 
-async def test_w4_b22_to_record_transforms_only_the_stored_copy(backend_journal: Journal) -> None:
+async def test_w4_to_record_transforms_only_the_stored_copy(backend_journal: Journal) -> None:
     j = backend_journal
     first = make_attempt(j)
     run = await first.start_run(j)
@@ -856,7 +856,7 @@ async def test_r2_attempt_number_counts_every_opening(backend_journal: Journal) 
 # -- C. Failure bookkeeping (F-rules) ------------------------------------------------------------
 
 
-async def test_f2_f3_c24_step_recorded_after_the_failure_is_fenced(
+async def test_f2_f3_step_recorded_after_the_failure_is_fenced(
     backend_journal: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
     j = backend_journal
@@ -885,7 +885,7 @@ async def test_f2_f3_c24_step_recorded_after_the_failure_is_fenced(
     )
 
 
-async def test_f2_c25_sibling_claimed_before_the_raise_stays_replayable(backend_journal: Journal) -> None:
+async def test_f2_sibling_claimed_before_the_raise_stays_replayable(backend_journal: Journal) -> None:
     j = backend_journal
     bodies = Bodies()
     error = RuntimeError('flaky failed')
@@ -909,7 +909,7 @@ async def test_f2_c25_sibling_claimed_before_the_raise_stays_replayable(backend_
     assert steps[1].payload == 'sibling result'
 
 
-async def test_f8_c26_failure_the_run_recovered_from_has_no_effect(backend_journal: Journal) -> None:
+async def test_f8_failure_the_run_recovered_from_has_no_effect(backend_journal: Journal) -> None:
     j = backend_journal
     bodies = Bodies()
     first = make_attempt(j)
@@ -932,7 +932,7 @@ async def test_f8_c26_failure_the_run_recovered_from_has_no_effect(backend_journ
     assert [s.replayed for s in steps] == [False, True, True]
 
 
-async def test_f9_c27_failure_no_step_raised_keeps_everything_replayable(backend_journal: Journal) -> None:
+async def test_f9_failure_no_step_raised_keeps_everything_replayable(backend_journal: Journal) -> None:
     j = backend_journal
     await record_all(j, [('m0', 'model', 'a'), ('t1', 'tool', 'b'), ('m2', 'model', 'c')])
     first = make_attempt(j)
@@ -952,9 +952,7 @@ async def test_f9_c27_failure_no_step_raised_keeps_everything_replayable(backend
 
 
 @pytest.mark.parametrize('link', ['cause', 'context', 'cause_of_cause'])
-async def test_f2_c28_wrapped_error_is_traced_through_its_cause_and_context(
-    backend_journal: Journal, link: str
-) -> None:
+async def test_f2_wrapped_error_is_traced_through_its_cause_and_context(backend_journal: Journal, link: str) -> None:
     j = backend_journal
     bodies = Bodies()
     first = make_attempt(j)
@@ -988,7 +986,7 @@ async def test_f2_c28_wrapped_error_is_traced_through_its_cause_and_context(
 
 
 @pytest.mark.parametrize('ending', ['fails', 'killed'])
-async def test_f3_c29_killed_while_replaying_keeps_progress(backend_journal: Journal, ending: str) -> None:
+async def test_f3_killed_while_replaying_keeps_progress(backend_journal: Journal, ending: str) -> None:
     j = backend_journal
     plan: list[tuple[str, Kind, str | None]] = [('a', 'model', 'fa'), ('b', 'tool', 'fb'), ('c', 'model', 'fc')]
     await record_all(j, plan)
@@ -1046,7 +1044,7 @@ async def test_f4_model_at_fault_fences_the_last_model_request(
 
 
 @pytest.mark.parametrize('handler_recorded', [False, True])
-async def test_f4_c32_model_at_fault_is_ignored_when_a_step_raised(
+async def test_f4_model_at_fault_is_ignored_when_a_step_raised(
     backend_journal: Journal, handler_recorded: bool
 ) -> None:
     j = backend_journal
@@ -1074,7 +1072,7 @@ async def test_f4_c32_model_at_fault_is_ignored_when_a_step_raised(
     await second.finish(None)
 
 
-async def test_f5_c33_fence_does_not_move_past_an_entry_still_untrusted(backend_journal: Journal) -> None:
+async def test_f5_fence_does_not_move_past_an_entry_still_untrusted(backend_journal: Journal) -> None:
     j = backend_journal
     bodies = Bodies()
     first = make_attempt(j)
@@ -1105,7 +1103,7 @@ async def test_f5_c33_fence_does_not_move_past_an_entry_still_untrusted(backend_
     assert await meta_of(j) == {'v': 1, 'diverge_from': 3, 'high_water': 5, 'model_at_fault': False}
 
 
-async def test_f6_c34_high_water_keeps_the_furthest_position(backend_journal: Journal) -> None:
+async def test_f6_high_water_keeps_the_furthest_position(backend_journal: Journal) -> None:
     j = backend_journal
     bodies = Bodies()
     first = make_attempt(j)
@@ -1195,10 +1193,10 @@ async def test_f6_high_water_of_an_unreadable_meta_counts_as_zero(backend_journa
     assert (await meta_of(j) or {})['high_water'] == 2
 
 
-# -- D38: rejecting recorded payloads (X) --------------------------------------------------------
+# -- X-1..X-3: rejecting recorded payloads -- --------------------------------------------------------
 
 
-async def test_x2_d38_reject_unreplays_the_step_and_diverges_the_run(
+async def test_x2_reject_unreplays_the_step_and_diverges_the_run(
     backend_journal: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
     j = backend_journal
@@ -1296,7 +1294,7 @@ async def test_b3_entry_of_unknown_version_or_shape_runs_live_with_one_warning(
 
 
 @pytest.mark.parametrize('raw', ['not json {', '[1, 2]', '"text"', 'null'])
-async def test_j3_f47_stored_non_dict_entry_runs_live(
+async def test_j3_stored_non_dict_entry_runs_live(
     backend_case: BackendCase, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
     j = backend_case.journal
@@ -1358,7 +1356,7 @@ async def test_jf1_an_execution_record_that_cannot_be_read_is_no_fresh_start(bac
 # -- E. Cleanup (C) ------------------------------------------------------------------------------
 
 
-async def test_c3_e39_per_run_cleanup_deletes_the_run_when_it_succeeds(backend_journal: Journal) -> None:
+async def test_c3_per_run_cleanup_deletes_the_run_when_it_succeeds(backend_journal: Journal) -> None:
     j = backend_journal
     first = make_attempt(j, cleanup='run')
     run0 = await first.start_run(j)
@@ -1386,7 +1384,7 @@ async def test_c3_e39_per_run_cleanup_deletes_the_run_when_it_succeeds(backend_j
     assert await j.list_executions() == []
 
 
-async def test_c1_e40_cleanup_reaches_positions_this_attempt_never_claimed(backend_journal: Journal) -> None:
+async def test_c1_cleanup_reaches_positions_this_attempt_never_claimed(backend_journal: Journal) -> None:
     j = backend_journal
     first = make_attempt(j)
     run = await first.start_run(j)
@@ -1405,7 +1403,7 @@ async def test_c1_e40_cleanup_reaches_positions_this_attempt_never_claimed(backe
     assert await j.list_executions() == []
 
 
-async def test_c1_e41_cleanup_after_a_kill_without_meta_leaves_nothing(backend_journal: Journal) -> None:
+async def test_c1_cleanup_after_a_kill_without_meta_leaves_nothing(backend_journal: Journal) -> None:
     j = backend_journal
     first = make_attempt(j)
     run = await first.start_run(j)
@@ -1467,7 +1465,7 @@ async def test_c3_simulated_crash_writes_nothing_but_frees_the_lease(backend_jou
     assert (await j.acquire_lease(KEY, 'next attempt', 30)).holder == 'next attempt'
 
 
-async def test_c5_e43_cleanup_never_raises_when_delete_raises(
+async def test_c5_cleanup_never_raises_when_delete_raises(
     backend_journal: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
     j = backend_journal
@@ -1490,7 +1488,7 @@ async def test_c5_e43_cleanup_never_raises_when_delete_raises(
 # -- S: stats and summary ------------------------------------------------------------------------
 
 
-async def test_s2_f50_summary_and_warnings_for_steps_that_ran_but_were_not_recorded(
+async def test_s2_summary_and_warnings_for_steps_that_ran_but_were_not_recorded(
     backend_journal: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
     j = backend_journal

@@ -74,7 +74,7 @@ async def test_a8_leaf_toolset_results_replay(new_journal: Any) -> None:
     assert any(o.name == 'leafy__leaf_toolset__warehouse.call_tool:lookup' for o in handle.stats.steps)
 
 
-async def test_g52_t2_t5_model_retry_is_replayed_with_the_same_text(new_journal: Any) -> None:
+async def test_t2_t5_model_retry_is_replayed_with_the_same_text(new_journal: Any) -> None:
     calls = Calls()
 
     def fails(item: str) -> str:
@@ -92,7 +92,7 @@ async def test_g52_t2_t5_model_retry_is_replayed_with_the_same_text(new_journal:
         (CallDeferred(metadata={'queue': 'slow'}), 'call_deferred'),
     ],
 )
-async def test_g53_t2_deferral_signals_are_recorded_and_raised_again(new_journal: Any, signal: Any, kind: str) -> None:
+async def test_t2_deferral_signals_are_recorded_and_raised_again(new_journal: Any, signal: Any, kind: str) -> None:
     calls = Calls()
 
     def defer(item: str) -> str:
@@ -115,7 +115,7 @@ async def test_g53_t2_deferral_signals_are_recorded_and_raised_again(new_journal
     assert [e['payload'].get('metadata') for e in entries.values() if e['kind'] == 'tool'] == [signal.metadata]
 
 
-async def test_g53_t2_tool_failed_is_recorded_and_raised_again(new_journal: Any) -> None:
+async def test_t2_tool_failed_is_recorded_and_raised_again(new_journal: Any) -> None:
     from pydantic_ai.exceptions import ToolFailed
 
     calls = Calls()
@@ -132,7 +132,7 @@ async def test_g53_t2_tool_failed_is_recorded_and_raised_again(new_journal: Any)
     ]
 
 
-async def test_g54_t3_other_exceptions_are_not_recorded(new_journal: Any) -> None:
+async def test_t3_other_exceptions_are_not_recorded(new_journal: Any) -> None:
     calls = Calls()
     broken = True
 
@@ -153,7 +153,7 @@ async def test_g54_t3_other_exceptions_are_not_recorded(new_journal: Any) -> Non
     assert handle.stats.replayed == {'model': 1}
 
 
-async def test_g55_t1_tool_return_objects_replay_equal(new_journal: Any) -> None:
+async def test_t1_tool_return_objects_replay_equal(new_journal: Any) -> None:
     calls = Calls()
     value = ToolReturn(return_value={'stock': 3}, content='three in stock', metadata={'source': 'db'})
     result, _ = await crash_then_resume(new_journal, 'g55', calls, lambda item: value)
@@ -166,7 +166,7 @@ async def test_g55_t1_tool_return_objects_replay_equal(new_journal: Any) -> None
     assert json.loads(result.output)['returns'] == [{'stock': 3}]
 
 
-async def test_g56_a9_non_replayable_leaf_runs_live_and_keeps_its_position(new_journal: Any) -> None:
+async def test_a9_non_replayable_leaf_runs_live_and_keeps_its_position(new_journal: Any) -> None:
     calls = Calls()
     _, handle = await crash_then_resume(new_journal, 'g56', calls, lambda item: 'remote', replayable=False)
     assert (calls['tool'], calls['model']) == (2, 3)
@@ -174,7 +174,7 @@ async def test_g56_a9_non_replayable_leaf_runs_live_and_keeps_its_position(new_j
     assert [o.position for o in handle.stats.steps] == [0, 1, 2]
 
 
-async def test_g51_t4_leaf_result_that_is_not_json_fails_with_journal_error(new_journal: Any) -> None:
+async def test_t4_leaf_result_that_is_not_json_fails_with_journal_error(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(JournalError, match='not JSON-serializable') as raised:
         async with execution('g51-leaf'):
@@ -182,7 +182,7 @@ async def test_g51_t4_leaf_result_that_is_not_json_fails_with_journal_error(new_
     assert 'lookup' in str(raised.value)
 
 
-async def test_d37_t6_unknown_leaf_payload_kind_runs_live(new_journal: Any) -> None:
+async def test_t6_unknown_leaf_payload_kind_runs_live(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(KeyError):
         async with execution('d37'):
@@ -207,7 +207,7 @@ async def all_entries(journal: Journal, key: str) -> list[dict[str, Any]]:
     return list((await journal.read_run(key, '0')).entries.values())
 
 
-async def test_h58_k7_k8_secrets_never_reach_the_journal_their_tools_rerun_and_the_model_steps_replay(
+async def test_k7_k8_secrets_never_reach_the_journal_their_tools_rerun_and_the_model_steps_replay(
     new_journal: Any,
 ) -> None:
     secret = f'S-{uuid.uuid4().hex}'

@@ -1,4 +1,4 @@
-"""Unit tests of the replay usage ledger (SPEC U-1..U-17, scenario J77).
+"""Unit tests of the replay usage ledger (U-1..U-17).
 
 Where a rule promises to cancel what pydantic-ai adds, the "graph" side is played by pydantic-ai's
 own code (its pricing, `RunUsage.incr`, the continuation merge), so the tests fail if the two drift.
@@ -455,10 +455,10 @@ def test_u9_scan_starts_after_the_response_position() -> None:
     assert ledger.run_usage.requests == -1
 
 
-# -- U-10 / U-11 / U-14 (J77) --------------------------------------------------------------------
+# -- U-10 / U-11 / U-14 --------------------------------------------------------------------------
 
 
-def test_j77_credits_replays_and_settle() -> None:
+def test_u10_u11_u14_credits_replays_and_settle() -> None:
     ledger = ReplayUsageLedger(run_usage=RunUsage(tool_calls=5), usage_limits=None)
     ledger.credit_tool_steps([1, 2], batch_calls=2)
     assert ledger.run_usage.tool_calls == 3
@@ -706,7 +706,7 @@ def test_u15_uncredited_or_unlimited_calls_are_not_checked() -> None:
 
 
 class GraphSim:
-    """Plays pydantic-ai's side of a run around the ledger, in the order SPEC A-5/A-6 calls it."""
+    """Plays pydantic-ai's side of a run around the ledger, in the order A-5/A-6 call it."""
 
     def __init__(self, run: FakeRun, usage: RunUsage, limits: UsageLimits) -> None:
         self.run, self.usage, self.limits = run, usage, limits
@@ -787,7 +787,7 @@ def test_u17_missing_tool_entry_is_checked_when_it_runs_live(tool_calls_limit: i
 
 
 def test_u17_partial_replay_counts_only_live_work() -> None:
-    # J70: attempt 1 recorded the first response and the tool call, then crashed in the final request.
+    # U-17: attempt 1 recorded the first response and the tool call, then crashed in the final request.
     run = journal('mt')
     first = response(*calls('query'), input_tokens=100, output_tokens=10)
     final = response(input_tokens=200, output_tokens=20)
@@ -801,7 +801,7 @@ def test_u17_partial_replay_counts_only_live_work() -> None:
 
 
 def test_u17_seeded_at_request_limit_with_a_stale_first_entry_stops_before_the_model() -> None:
-    # J73: the first entry no longer matches, so the credited request goes live and must be refused.
+    # U-13: the first entry no longer matches, so the credited request goes live and must be refused.
     usage = RunUsage(requests=2)
     sim = GraphSim(journal('m'), usage, UsageLimits(request_limit=2))
     with pytest.raises(UsageLimitExceeded):

@@ -1,4 +1,4 @@
-"""Secret masking (SPEC K-1..K-6, scenarios H59-H61)."""
+"""Secret masking (K-1..K-6)."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def test_k1_process_wide_registry() -> None:
 # --- K-2: structure ------------------------------------------------------------------------------
 
 
-def test_k2_h59_nested_structure_keeps_types(reg: SecretRegistry) -> None:
+def test_k2_nested_structure_keeps_types(reg: SecretRegistry) -> None:
     value = {'rows': [(1, S)], 'tags': {S}, 'note': f'key={S}', S: 1}
     masked = reg.mask(value)
     assert masked == {'rows': [(1, '***')], 'tags': {'***'}, 'note': 'key=***', '***': 1}
@@ -201,7 +201,7 @@ class FrozenSlotted:
     token: str
 
 
-def test_k2_h60_frozen_dataclass(reg: SecretRegistry) -> None:
+def test_k2_frozen_dataclass(reg: SecretRegistry) -> None:
     original = Frozen(f'token={S}', 3)
     masked = reg.mask(original)
     assert type(masked) is Frozen
@@ -209,7 +209,7 @@ def test_k2_h60_frozen_dataclass(reg: SecretRegistry) -> None:
     assert original.token == f'token={S}'
 
 
-def test_k2_h60_slotted_dataclass(reg: SecretRegistry) -> None:
+def test_k2_slotted_dataclass(reg: SecretRegistry) -> None:
     original = Slotted(S, ['a', S])
     masked = reg.mask(original)
     assert type(masked) is Slotted
@@ -220,7 +220,7 @@ def test_k2_h60_slotted_dataclass(reg: SecretRegistry) -> None:
     assert frozen_slotted.token == S
 
 
-def test_k2_h60_initvar_and_init_false_fields(reg: SecretRegistry) -> None:
+def test_k2_initvar_and_init_false_fields(reg: SecretRegistry) -> None:
     original = WithInitVar(S, seed=S)
     masked = reg.mask(original)
     assert type(masked) is WithInitVar
@@ -277,7 +277,7 @@ def test_k2_far_deeper_than_the_recursion_limit(reg: SecretRegistry) -> None:
 # --- K-3: bytes ----------------------------------------------------------------------------------
 
 
-def test_k3_h60_bytes_are_masked(reg: SecretRegistry) -> None:
+def test_k3_bytes_are_masked(reg: SecretRegistry) -> None:
     assert reg.mask(f'key={S}'.encode()) == b'key=***'
     assert reg.mask(bytearray(f'key={S}'.encode())) == bytearray(b'key=***')
     assert type(reg.mask(bytearray(f'key={S}'.encode()))) is bytearray
@@ -302,7 +302,7 @@ class Credentials(BaseModel):
     scopes: tuple[str, ...] = ()
 
 
-def test_k4_h60_model_holding_secret_becomes_masked_data(reg: SecretRegistry) -> None:
+def test_k4_model_holding_secret_becomes_masked_data(reg: SecretRegistry) -> None:
     model = Credentials(user='ann', key=S, scopes=('read',))
     assert reg.mask(model) == {'user': 'ann', 'key': MASK, 'scopes': ['read']}
     assert model.key == S
@@ -315,7 +315,7 @@ def test_k4_model_without_secret_is_the_same_object(reg: SecretRegistry) -> None
     assert in_list[0] is model
 
 
-def test_k4_h60_binary_content_passes_through(reg: SecretRegistry) -> None:
+def test_k4_binary_content_passes_through(reg: SecretRegistry) -> None:
     content = BinaryContent(data=f'key={S}'.encode(), media_type='text/plain')
     assert reg.mask(content) is content
     in_dict: Any = reg.mask({'c': content})
@@ -334,7 +334,7 @@ def test_k4_other_objects_pass_through(reg: SecretRegistry) -> None:
 # --- K-5: circular references --------------------------------------------------------------------
 
 
-def test_k5_h60_self_containing_list(reg: SecretRegistry) -> None:
+def test_k5_self_containing_list(reg: SecretRegistry) -> None:
     value: list[Any] = [S]
     value.append(value)
     masked = reg.mask(value)
@@ -357,7 +357,7 @@ def test_k5_shared_but_acyclic_data_is_not_a_cycle(reg: SecretRegistry) -> None:
 
 
 @pytest.mark.parametrize('secret', ['pa"ss"word', 'back\\slash\\', 'pässwörd-日本', 'mixed"\\é\n'])
-def test_k6_h61_secrets_that_json_escapes(secret: str) -> None:
+def test_k6_secrets_that_json_escapes(secret: str) -> None:
     registry = SecretRegistry()
     registry.register(secret)
     value = {'note': f'secret={secret};', secret: [secret, (secret,)], 'raw': f'x{secret}'.encode()}
@@ -368,7 +368,7 @@ def test_k6_h61_secrets_that_json_escapes(secret: str) -> None:
         assert json.dumps(secret)[1:-1] not in text
 
 
-def test_k6_h61_unrelated_key_untouched(reg: SecretRegistry) -> None:
+def test_k6_unrelated_key_untouched(reg: SecretRegistry) -> None:
     assert reg.dumps_masked({'password_policy': 'rotate'}) == json.dumps({'password_policy': 'rotate'})
 
 

@@ -1,4 +1,4 @@
-"""One agent that uses every kind of step at once, crashed at every step boundary (SPEC M-5, U-16, U2-1).
+"""One agent that uses every kind of step at once, crashed at every step boundary (M-5, U-16, U2-1).
 
 Function, dynamic and MCP-like (a custom leaf) toolsets run in one parallel batch, an
 `event_stream_handler` sees every tool event, and a capability's `@durable_operation` reports usage

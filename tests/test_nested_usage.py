@@ -1,4 +1,4 @@
-"""Usage of work nested inside a step (SPEC U2-4): a replayed or resumed parent counts what it really spent.
+"""Usage of work nested inside a step (U2-4): a replayed or resumed parent counts what it really spent.
 
 A tool that runs a delegate agent with `usage=ctx.usage`, or a capability `@durable_operation` that
 does, adds the delegate's requests, tokens and cost to the parent's usage while its body runs. A

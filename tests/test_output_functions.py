@@ -1,4 +1,4 @@
-"""Output functions are journaled steps (SPEC A-11): `ToolOutput(func)` and `TextOutput(func)` run once.
+"""Output functions are journaled steps (A-11): `ToolOutput(func)` and `TextOutput(func)` run once.
 
 An output function often acts (files a report, sends the answer on); a retry that replays the run
 must hand back its recorded result, typed as the function returns it, not call it again.

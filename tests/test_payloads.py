@@ -1,4 +1,4 @@
-"""Tool result payload encoding for leaf toolsets (SPEC T-1..T-6, scenarios G51-G55)."""
+"""Tool result payload encoding for leaf toolsets (T-1..T-6)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_t1_rich_values_are_stored_as_json_data() -> None:
     assert _through_storage(payload) == payload
 
 
-def test_t1_g55_tool_return_round_trip() -> None:
+def test_t1_tool_return_round_trip() -> None:
     original = ToolReturn(return_value={'rows': [1, 2]}, content='see the chart', metadata={'source': 'db'})
     payload = encode_result(original, tool_name='chart')
     assert payload['kind'] == 'tool_return'
@@ -121,7 +121,7 @@ def test_t2_unserializable_metadata_is_a_journal_error() -> None:
     assert "'launch'" in str(info.value)
 
 
-async def test_t2_g52_g53_call_and_encode_hands_back_the_exception() -> None:
+async def test_t2_call_and_encode_hands_back_the_exception() -> None:
     for exc in (ModelRetry('no column nope'), ToolFailed('broke'), ApprovalRequired(metadata={'a': 1}), CallDeferred()):
 
         async def tool(exc: Exception = exc) -> object:
@@ -150,7 +150,7 @@ async def test_t1_call_and_encode_returns_value_and_payload() -> None:
 # --- T-3: other exceptions -----------------------------------------------------------------------
 
 
-async def test_t3_g54_other_exceptions_propagate_unchanged() -> None:
+async def test_t3_other_exceptions_propagate_unchanged() -> None:
     error = ValueError('database down')
 
     async def tool() -> object:
@@ -169,7 +169,7 @@ def test_t3_other_exceptions_are_not_encoded() -> None:
 # --- T-4: encoding failures ----------------------------------------------------------------------
 
 
-def test_t4_g51_object_is_not_json_serializable() -> None:
+def test_t4_object_is_not_json_serializable() -> None:
     with pytest.raises(JournalError) as info:
         encode_result(object(), tool_name='fetch_handle')
     message = str(info.value)
@@ -180,7 +180,7 @@ def test_t4_g51_object_is_not_json_serializable() -> None:
     assert info.value.__cause__ is not None
 
 
-async def test_t4_g51_call_and_encode_raises_journal_error() -> None:
+async def test_t4_call_and_encode_raises_journal_error() -> None:
     async def tool() -> object:
         return {'nested': [object()]}
 

@@ -1,4 +1,4 @@
-"""`PostgresJournal` against a real PostgreSQL server that the test session starts itself (SPEC B-1..B-8).
+"""`PostgresJournal` against a real PostgreSQL server that the test session starts itself (B-1..B-8).
 
 The backend contract (the same behaviours `test_backends.py` checks for memory and disk), plus what
 only a network store has: schema creation and versioning, connections per event loop and thread,
@@ -30,7 +30,7 @@ try:
 except ImportError:  # pragma: no cover - the postgres extra is part of the test extra
     if in_ci():
         raise
-    pytest.skip("psycopg is not installed: pip install 'pydantic-ai-durable[postgres]'", allow_module_level=True)
+    pytest.skip("psycopg is not installed: pip install -e '.[postgres]'", allow_module_level=True)
 
 from pydantic_ai_durable import JournalUnavailable, LeaseLost
 from pydantic_ai_durable.journals import ExecutionInfo, Journal, RunSnapshot
@@ -429,7 +429,8 @@ def test_b8_missing_psycopg_says_what_to_install() -> None:
         'except ImportError as exc:\n    print(exc)\n'
     )
     child = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60, check=True)
-    assert "pip install 'pydantic-ai-durable[postgres]'" in child.stdout
+    assert "the extra 'postgres' of pydantic-ai-durable-journal" in child.stdout
+    assert "pip install 'psycopg[binary]>=3.2' 'psycopg-pool>=3.2'" in child.stdout
 
 
 # -- connections: event loops, threads, breaks, cancellation -------------------------------------

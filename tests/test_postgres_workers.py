@@ -1,4 +1,4 @@
-"""Many workers, one shared journal: a worker killed mid-run is finished by another (SPEC B-8)."""
+"""Many workers, one shared journal: a worker killed mid-run is finished by another (B-8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reliability of the journal under real failures (SPEC Part III B-2..B-7, T-4).
+"""Reliability of the journal under real failures (B-2..B-7, T-4).
 
 Real processes, real signals, real file systems: acknowledged writes under SIGKILL, power durability
 of `DiskJournal`, leases between processes, values written by another version, broken environments,

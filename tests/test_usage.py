@@ -1,4 +1,4 @@
-"""Usage with replay (SPEC section 14 and U2): replays cost nothing, live spend counts over all attempts."""
+"""Usage with replay (U-1..U-17 and U2-1..U2-3): replays cost nothing, live spend counts over all attempts."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def working_agent(journal: Journal, calls: Calls, model: FunctionModel) -> Agent
     return Agent(model, name='worker', toolsets=[FunctionToolset([work], id='w')], capabilities=[Durable(journal)])
 
 
-async def test_j70_u17_partially_replayed_attempt_counts_only_live_work(new_journal: Any) -> None:
+async def test_u17_partially_replayed_attempt_counts_only_live_work(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(RuntimeError):
         async with execution('j70'):
@@ -162,7 +162,7 @@ def test_u2_1_crash_loop_inside_a_model_request_still_reaches_request_limit(tmp_
     assert all('UsageLimitExceeded' in outcome for outcome in outcomes[2:])
 
 
-async def test_j71_u7_u9_resume_at_the_limits_replays_when_everything_replays(new_journal: Any) -> None:
+async def test_u7_u9_resume_at_the_limits_replays_when_everything_replays(new_journal: Any) -> None:
     calls = Calls()
 
     def agent() -> Agent[None, str]:
@@ -222,7 +222,7 @@ async def test_u7_u9_token_and_cost_limits_stop_a_free_replay_only_where_the_run
 
 
 @pytest.mark.parametrize('limit', [3, 4])
-async def test_j72_u15_credited_tool_that_turns_live_is_rechecked(new_journal: Any, limit: int) -> None:
+async def test_u15_credited_tool_that_turns_live_is_rechecked(new_journal: Any, limit: int) -> None:
     calls = Calls()
 
     def agent() -> Agent[None, str]:
@@ -253,7 +253,7 @@ async def test_j72_u15_credited_tool_that_turns_live_is_rechecked(new_journal: A
     assert calls['tool'] == (3 if limit == 3 else 4)
 
 
-async def test_j73_u13_credited_request_that_diverges_is_rechecked_before_the_model(new_journal: Any) -> None:
+async def test_u13_credited_request_that_diverges_is_rechecked_before_the_model(new_journal: Any) -> None:
     calls = Calls()
     with pytest.raises(KeyError):
         async with execution('j73'):
@@ -268,7 +268,7 @@ async def test_j73_u13_credited_request_that_diverges_is_rechecked_before_the_mo
     assert calls['model'] == 2
 
 
-async def test_j74_u3_replayed_priced_response_costs_one_live_charge(new_journal: Any) -> None:
+async def test_u3_replayed_priced_response_costs_one_live_charge(new_journal: Any) -> None:
     calls = Calls()
     model = tokens_model(calls, turns=1, name='gpt-4o')
     with pytest.raises(KeyError):
@@ -304,7 +304,7 @@ class Accrual(AbstractCapability[Any]):
         return response
 
 
-async def test_g57_j76_u16_capability_operations_replay_without_counting_twice(new_journal: Any) -> None:
+async def test_u16_capability_operations_replay_without_counting_twice(new_journal: Any) -> None:
     calls = Calls()
 
     def agent(crash: bool) -> Agent[None, str]:
@@ -407,7 +407,7 @@ def continuation_model(calls: Calls, *, same_id: bool) -> FunctionModel:
 
 
 @pytest.mark.parametrize('same_id', [False, True], ids=['distinct-ids', 're-polled-id'])
-async def test_j75_u5_u12_continuation_chains_count_once_and_replay_for_free(new_journal: Any, same_id: bool) -> None:
+async def test_u5_u12_continuation_chains_count_once_and_replay_for_free(new_journal: Any, same_id: bool) -> None:
     calls = Calls()
 
     def agent() -> Agent[None, str]:

@@ -59,11 +59,11 @@ def wanted_states(state: ExecutionState | Collection[ExecutionState] | None) -> 
     """The states a listing asks for, checked: one name, several, or `None` for all."""
     if state is None:
         return frozenset(EXECUTION_STATES)
-    wanted = frozenset([state] if isinstance(state, str) else state)
-    unknown = sorted(str(name) for name in wanted - set(EXECUTION_STATES))
+    asked: list[object] = [state] if isinstance(state, str) else list(state)
+    unknown = sorted(str(name) for name in asked if name not in EXECUTION_STATES)
     if unknown:
         raise ValueError(f'Unknown execution state {", ".join(unknown)}: use {", ".join(EXECUTION_STATES)}.')
-    return wanted
+    return frozenset(known for known in EXECUTION_STATES if known in asked)
 
 
 async def delete_under_lease(journal: Journal, key: str, *, force: bool) -> Lease | None:

@@ -1,4 +1,4 @@
-"""DiskJournal's storage format: rows of JSON text that reading can never turn into code (SPEC J-8).
+"""DiskJournal's storage format: rows of JSON text that reading can never turn into code (J-8).
 
 diskcache's own `Disk` unpickles every row whose `mode` column says pickle and every key whose `raw`
 flag is off, reads and deletes whatever side file a row's `filename` names, and `Cache` applies whatever
@@ -288,7 +288,7 @@ def _warn_if_shared(database: Path, file_mode: int) -> None:
     log.warning(
         'The journal %r: %s can be read or written by other users, more than the journal mode %s allows; '
         'they keep recorded prompts, model answers and tool results. If it is not shared on purpose, run '
-        '`chmod %o %s` (files created by pydantic-ai-durable 0.1.0 got the umask default); if it is, pass '
+        '`chmod %o %s` (files created by pydantic-ai-durable-journal 0.1.0 got the umask default); if it is, pass '
         'DiskJournal(mode=...) to match.',
         str(database.parent),
         shown,

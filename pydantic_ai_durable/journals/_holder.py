@@ -1,4 +1,4 @@
-"""Lease holders: who an attempt is, and when a store may call a holder dead (SPEC B-5, B-12).
+"""Lease holders: who an attempt is, and when a store may call a holder dead (B-5, B-12).
 
 A holder is `host:pid:process-token:serial`. The process token is random per process (a forked child
 gets a new one), so an attempt of this process is recognised by the token, never by a pid that

@@ -1,4 +1,4 @@
-"""The journal backend protocol (SPEC B-1).
+"""The journal backend protocol (B-1).
 
 A backend is a narrow, async store of JSON values: the journal core decides what the values mean
 (entries, run records, the execution record) and every backend only keeps them safe. Keeping the
@@ -75,7 +75,7 @@ class LeaseRenewal:
 
 @dataclass(frozen=True)
 class ExecutionInfo:
-    """One line of `list_executions` (SPEC B-6)."""
+    """One line of `list_executions` (B-6)."""
 
     key: str
     runs: int
@@ -95,7 +95,7 @@ class ExecutionInfo:
 class Journal(Protocol):
     """Storage for executions: entries per run and position, run records, one execution record, a lease.
 
-    Every write is fenced (SPEC B-9): it carries the epoch of the writer's lease and stores nothing,
+    Every write is fenced (B-9): it carries the epoch of the writer's lease and stores nothing,
     raising `LeaseLost`, unless that epoch is the execution's current one, checked in the same
     transaction as the write. A write returns `True` once stored, `False` for a value it cannot encode
     (J-2, never retried), and raises on any failure of the store itself, which the core retries. A

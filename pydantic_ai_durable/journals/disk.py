@@ -1,4 +1,4 @@
-"""`DiskJournal`: executions in a diskcache directory, the embedded default (SPEC J-8, I-4)."""
+"""`DiskJournal`: executions in a diskcache directory, the embedded default (J-8, I-4)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def _size(value: object) -> int:
 
 
 def default_directory() -> Path:
-    """`$PYDANTIC_AI_DURABLE_DIR`, else `.durable` in the working directory (SPEC I-4)."""
+    """`$PYDANTIC_AI_DURABLE_DIR`, else `.durable` in the working directory (I-4)."""
     return Path(os.environ.get('PYDANTIC_AI_DURABLE_DIR', '.durable'))
 
 

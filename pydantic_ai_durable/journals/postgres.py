@@ -32,7 +32,10 @@ if TYPE_CHECKING:
 
 __all__ = ('SCHEMA_VERSION', 'PostgresJournal')
 
-_INSTALL_HINT = "PostgresJournal needs psycopg 3 and psycopg_pool: pip install 'pydantic-ai-durable[postgres]'"
+_INSTALL_HINT = (
+    "PostgresJournal needs psycopg 3 and psycopg_pool, the extra 'postgres' of pydantic-ai-durable-journal: "
+    "pip install 'psycopg[binary]>=3.2' 'psycopg-pool>=3.2'"
+)
 _LEASE_ATTEMPTS = 8
 
 
@@ -186,8 +189,8 @@ class PostgresJournal:
             if version is not None and version > SCHEMA_VERSION:
                 raise JournalUnavailable(
                     f'The Postgres journal schema {self.schema!r} is at version {version}, newer than this '
-                    f'release of pydantic-ai-durable understands ({SCHEMA_VERSION}); upgrade the package, or use '
-                    'another schema. No model was called.'
+                    f'release of pydantic-ai-durable-journal understands ({SCHEMA_VERSION}); upgrade the package, '
+                    'or use another schema. No model was called.'
                 )
             if version != SCHEMA_VERSION:
                 await conn.execute(self._sql.ddl)

@@ -1,4 +1,4 @@
-"""Crash injection: stop an attempt at a chosen step boundary, as a dying process would (SPEC H-3)."""
+"""Crash injection: stop an attempt at a chosen step boundary, as a dying process would (H-3)."""
 
 from __future__ import annotations
 

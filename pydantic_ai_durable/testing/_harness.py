@@ -1,4 +1,4 @@
-"""`assert_replays` and `crash_everywhere`: prove that an agent replays and resumes (SPEC H-4, H-5).
+"""`assert_replays` and `crash_everywhere`: prove that an agent replays and resumes (H-4, H-5).
 
 Both run a user's scenario (an `async def` that builds and runs the agent) under `execution(key)`
 several times and judge each attempt from what the journal did: a step that ran live is a model or
