@@ -584,3 +584,14 @@ def test_pg_fixture_module_reports_how_to_enable() -> None:
 
     assert 'install the Debian package postgresql' in pg_module.HOW_TO_ENABLE
     assert pg_module.DSN_VARIABLE in pg_module.HOW_TO_ENABLE
+
+
+async def test_fn2_the_retention_prune_reads_its_index_only_as_far_as_the_deadlines_that_passed(pg: Pg) -> None:
+    operator = Operator(pg.journal)
+    for n in range(300):
+        await operator.write_execution(f'kept-{n}', {'v': 1, 'status': 'finished', 'retention': 86400.0})
+    pg.sql('ANALYZE {s}.executions')
+    statement = pg.journal._sql.prune_expired.replace('%(limit)s', '8')  # deletes nothing: nothing expired
+    plan = '\n'.join(row[0] for row in pg.sql('EXPLAIN (ANALYZE, FORMAT TEXT) ' + statement))
+    assert 'Index Cond' in plan and 'Rows Removed by Filter: 300' not in plan, plan
+    assert await pg.journal.prune(limit=8) == []

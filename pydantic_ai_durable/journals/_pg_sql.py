@@ -129,16 +129,19 @@ class Sql:
         # concurrent acquire out until it commits).
         # B-13: judged by the server's clock, in the statement that deletes (the row lock keeps a
         # concurrent acquire out until it commits). Retention reads its partial index, oldest first (FN-2).
+        # The time as a sub-select is computed once, before the scan, so it bounds an index scan; the
+        # volatile clock itself would be compared row by row, reading the whole index (FN-2).
+        once = f'(SELECT {now})'
         not_live = f'(lease_expires IS NULL OR lease_expires <= {now})'
         self.prune_expired: LiteralString = (
             f'DELETE FROM {s}.executions WHERE eid IN ('
-            f'SELECT eid FROM {s}.executions WHERE retain_until <= {now} AND {not_live} '
+            f'SELECT eid FROM {s}.executions WHERE retain_until <= {once} AND {not_live} '
             'ORDER BY retain_until LIMIT %(limit)s FOR UPDATE SKIP LOCKED) '
             'RETURNING eid, key'
         )
         self.prune_candidates: LiteralString = (
             f'SELECT eid, key, record, updated IS NOT NULL FROM {s}.executions '
-            f'WHERE (updated IS NULL OR updated < {now} - %(older_than)s) AND {not_live} FOR UPDATE SKIP LOCKED'
+            f'WHERE (updated IS NULL OR updated < {once} - %(older_than)s) AND {not_live} FOR UPDATE SKIP LOCKED'
         )
         self.list: LiteralString = f"""
             WITH e AS (SELECT eid, count(*) AS n, sum(octet_length(value)) AS b FROM {s}.entries GROUP BY eid),
