@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from pydantic_ai.durable_exec import (
     BoundDurableOperation,
@@ -28,6 +28,7 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
+from ._active_run import ActiveRun, active_run
 from ._codec import HOLD_RESPONSES, Unencoded
 from ._discovery import is_discovery, verify_listing
 from ._errors import JournalError, ResultNotJournalable
@@ -38,9 +39,6 @@ from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode
 from ._tracing import replayed, traced
 from ._usage import NestedUsage, without_operation_usage
 from ._warm import warm
-
-if TYPE_CHECKING:
-    from ._capability import Durable, _ActiveRun
 
 __all__ = ('DurableBackend', 'replay', 'replay_tool', 'run_live', 'run_live_call', 'tool_is_replayable')
 
@@ -58,18 +56,30 @@ def tool_is_replayable(tool: object) -> bool:
 
 
 class DurableBackend(JournalCallableOperationBackend[None]):
-    """Dispatches each operation to a journal step of the active run; runs it directly when there is none."""
+    """Dispatches each operation to a journal step of the active run; runs it directly when there is none.
 
-    def __init__(self, capability: Durable[Any]) -> None:
-        super().__init__(agent_name=capability.name, default_model_id=capability.default_model_id, config=_NO_CONFIG)
-        self._capability = capability
-        self._names = (capability.name, capability.default_model_id)
+    It serves one capability object, `owner` (the active run is looked up by its identity), under the
+    names the operation names are built from. `opted_out` tells a toolset id whose tools always run live.
+    """
+
+    def __init__(
+        self,
+        *,
+        owner: object,
+        agent_name: str,
+        default_model_id: str | None,
+        opted_out: Callable[[str | None], bool],
+    ) -> None:
+        super().__init__(agent_name=agent_name, default_model_id=default_model_id, config=_NO_CONFIG)
+        self._owner = owner
+        self._names = (agent_name, default_model_id)
+        self._opted_out = opted_out
         self._decoders: dict[DurableOperationId, Decoder] = {}
         self._bound: dict[DurableOperationId, BoundDurableOperation[Any, Any, Any]] = {}
 
-    def serves(self, capability: Durable[Any]) -> bool:
-        """Whether this backend dispatches for `capability` under its current names (operation names use them)."""
-        return capability is self._capability and (capability.name, capability.default_model_id) == self._names
+    def serves(self, owner: object, agent_name: str, default_model_id: str | None) -> bool:
+        """Whether this backend dispatches for `owner` under these names (operation names use them)."""
+        return owner is self._owner and (agent_name, default_model_id) == self._names
 
     def bind(self, operation: DurableOperation[Any, Any, Any]) -> BoundDurableOperation[Any, Any, Any]:
         """Bind an operation, reusing the binding of the same operation (same id and handler).
@@ -96,7 +106,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         cache_key: tuple[object, ...],
         config: None,
     ) -> object:
-        active = self._capability._active_run()
+        active = active_run(self._owner)
         if isinstance(operation_id, ToolsetCallToolId):
             with _naming_the_tool(cast(str, cache_key[0])):
                 if active is None:
@@ -120,7 +130,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
 
     async def _model_step(
         self,
-        active: _ActiveRun,
+        active: ActiveRun,
         name: str,
         body: Callable[[], Awaitable[object]],
         cache_key: tuple[object, ...],
@@ -129,8 +139,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         model_id, messages, settings, params, ctx = cache_key[:5]
         messages = cast('list[ModelMessage]', messages)
         params = cast(ModelRequestParameters, params)
-        fingerprint = await self._capability._fingerprint_model_request(
-            active,
+        fingerprint = await active.fingerprint_model_request(
             cast('str | None', model_id),
             messages,
             cast('ModelSettings | None', settings),
@@ -181,7 +190,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
 
     async def _tool_step(
         self,
-        active: _ActiveRun,
+        active: ActiveRun,
         operation_id: ToolsetCallToolId,
         name: str,
         body: Callable[[], Awaitable[object]],
@@ -191,7 +200,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         tool = cache_key[3] if len(cache_key) > 3 else None
         tool_call_id = cast('RunContext[Any]', ctx).tool_call_id
         fingerprint, call = tool_call_digests(cast(str, tool_name), args, tool_call_id)
-        replayable = tool_is_replayable(tool) and not self._capability.opted_out(operation_id.toolset_id)
+        replayable = tool_is_replayable(tool) and not self._opted_out(operation_id.toolset_id)
         step = active.run.claim(name, 'tool', fingerprint, replayable=replayable, call=call)
         if await replay_tool(step, self._decoders.get(operation_id), active.ledger):
             return step.payload
