@@ -17,9 +17,9 @@ from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
 from ._active_run import active_run
-from ._backend import replay_tool, run_live_call
 from ._fingerprint import tool_call_digests
 from ._payloads import check_replayable_payload, decode_payload
+from ._step_runner import replay_tool, run_live_call
 from ._usage import NestedUsage
 
 __all__ = ('JournaledToolset',)

@@ -19,9 +19,9 @@ from pydantic import TypeAdapter
 from pydantic_ai.output import OutputContext
 
 from ._active_run import ActiveRun
-from ._backend import replay_tool, run_live_call
 from ._fingerprint import tool_call_digests
 from ._payloads import check_replayable_payload, decode_payload
+from ._step_runner import replay_tool, run_live_call
 
 __all__ = ('journal_output_process',)
 
