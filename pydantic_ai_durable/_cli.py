@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 import diskcache  # type: ignore[import-untyped]
 
 from ._errors import JournalUnavailable
-from ._journal import _latest_spend, _Meta, _parse_entry
+from ._journal._fences import RunMeta
+from ._journal._records import latest_spend, parse_entry
 from .journals import _json
 from .journals._common import delete_under_lease, metadata_of, state_of
 from .journals._dsn import mask_dsn, scrub
@@ -505,7 +506,7 @@ class _Step:
             'recorded': _utc(recorded),
             'recorded_epoch': recorded,
             'v': entry.get('v'),
-            'readable': _parse_entry(self.entry) is not None,
+            'readable': parse_entry(self.entry) is not None,
         }
 
 
@@ -514,7 +515,7 @@ def _steps(snapshot: RunSnapshot) -> list[_Step]:
 
 
 def _spend_line(snapshot: RunSnapshot) -> str | None:
-    spend = _latest_spend([snapshot.records.get('usage'), *(_entry_usage(e) for e in snapshot.entries.values())])
+    spend = latest_spend([snapshot.records.get('usage'), *(_entry_usage(e) for e in snapshot.entries.values())])
     usage = spend.get('usage') if spend is not None else None
     if not isinstance(usage, dict):
         return None
@@ -543,7 +544,7 @@ def _entry_usage(entry: Any) -> Any:
 def _meta_line(snapshot: RunSnapshot) -> str | None:
     if 'meta' not in snapshot.records:
         return None
-    meta = _Meta.parse(snapshot.records['meta'])
+    meta = RunMeta.parse(snapshot.records['meta'])
     fence = 'none' if meta.diverge_from is None else str(meta.diverge_from)
     line = f'meta: diverge_from={fence} high_water={meta.high_water} model_at_fault={str(meta.model_at_fault).lower()}'
     if meta.diverge_from is not None:
@@ -576,7 +577,7 @@ def _step_rows(snapshot: RunSnapshot) -> list[list[str]]:
                 _local(fields['recorded_epoch'], millis=True),
             ]
         )
-    high_water = _Meta.parse(snapshot.records['meta']).high_water if 'meta' in snapshot.records else 0
+    high_water = RunMeta.parse(snapshot.records['meta']).high_water if 'meta' in snapshot.records else 0
     if high_water > expected:  # a failed attempt claimed positions it never recorded
         rows.append(_gap_row(expected, high_water - 1))
     return rows
