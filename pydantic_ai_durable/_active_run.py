@@ -23,9 +23,10 @@ from pydantic_ai.tools import RunContext
 
 from ._fingerprint import ModelFingerprinter, RequestPreparer
 from ._journal import Run
-from ._ledger import ReplayUsageLedger, is_successful_tool_payload
+from ._ledger import ReplayUsageLedger
 from ._masking import SecretRegistry
 from ._usage import NestedUsage, RunSpend
+from ._usage_math import is_successful_tool_payload
 
 __all__ = ('ActiveRun', 'ModelResolver', 'activated', 'active_run')
 
