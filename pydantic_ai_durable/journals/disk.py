@@ -170,10 +170,7 @@ class DiskJournal:
         eid = execution_id(key)
         cache = self._writable_cache()
         with cache.transact():
-            fence(cache, key, eid, epoch)
-            head = self._heads.read(cache, eid)
-            head['key'] = key
-            head['updated'] = self._heads.stamped[eid] = time.time()
+            head, _ = self._stamped_head(cache, key, eid, epoch)
             if run is not None:
                 state = head['runs'].setdefault(run, {'top': 0, 'records': []})
                 if top is not None and top > state.get('top', 0):
@@ -184,6 +181,14 @@ class DiskJournal:
             cache.put_text(item_key, text)
             cache.put_text(f'{eid}/h', _json.dumps(head))
         return True
+
+    def _stamped_head(self, cache: Any, key: str, eid: str, epoch: int) -> tuple[dict[str, Any], float]:
+        """Check the writer's epoch (B-9), then read the head and stamp it; call inside the write's transaction."""
+        fence(cache, key, eid, epoch)
+        head = self._heads.read(cache, eid)
+        head['key'] = key
+        head['updated'] = self._heads.stamped[eid] = now = time.time()
+        return head, now
 
     def _set(self, key: str, run: str, item_key: str, text: str, *, epoch: int) -> bool:
         """Write a value the head already covers: one fenced `set`, and the head's `updated` every few seconds."""
@@ -259,10 +264,7 @@ class DiskJournal:
         retention = retention_of(value)
         cache = self._writable_cache()
         with cache.transact():
-            fence(cache, key, eid, epoch)
-            head = self._heads.read(cache, eid)
-            head['key'] = key
-            head['updated'] = self._heads.stamped[eid] = now = time.time()
+            head, now = self._stamped_head(cache, key, eid, epoch)
             self._heads.unindex(cache, head)
             if retention is not None:  # FN-2: an index row, so retention finds it without scanning the journal
                 head['retain_until'] = now + retention
