@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from pydantic_ai.durable_exec import (
     BoundDurableOperation,
@@ -28,25 +28,19 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
+from ._active_run import ActiveRun, active_run
 from ._codec import HOLD_RESPONSES, Unencoded
 from ._discovery import is_discovery, verify_listing
 from ._errors import JournalError, ResultNotJournalable
 from ._fingerprint import fingerprint_event, tool_call_digests
-from ._journal import Step
-from ._ledger import ReplayUsageLedger, is_successful_tool_payload
-from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode
-from ._tracing import replayed, traced
+from ._step_runner import Decoder, replay, replay_tool, run_live
+from ._tracing import replayed
 from ._usage import NestedUsage, without_operation_usage
 from ._warm import warm
 
-if TYPE_CHECKING:
-    from ._capability import Durable, _ActiveRun
-
-__all__ = ('DurableBackend', 'replay', 'replay_tool', 'run_live', 'run_live_call', 'tool_is_replayable')
+__all__ = ('DurableBackend', 'tool_is_replayable')
 
 _NO_CONFIG = RoleBasedOperationConfig[None](model=None, event=None, capability=None, tool=None)
-
-Decoder = Callable[[object], object]
 
 
 def tool_is_replayable(tool: object) -> bool:
@@ -58,18 +52,30 @@ def tool_is_replayable(tool: object) -> bool:
 
 
 class DurableBackend(JournalCallableOperationBackend[None]):
-    """Dispatches each operation to a journal step of the active run; runs it directly when there is none."""
+    """Dispatches each operation to a journal step of the active run; runs it directly when there is none.
 
-    def __init__(self, capability: Durable[Any]) -> None:
-        super().__init__(agent_name=capability.name, default_model_id=capability.default_model_id, config=_NO_CONFIG)
-        self._capability = capability
-        self._names = (capability.name, capability.default_model_id)
+    It serves one capability object, `owner` (the active run is looked up by its identity), under the
+    names the operation names are built from. `opted_out` tells a toolset id whose tools always run live.
+    """
+
+    def __init__(
+        self,
+        *,
+        owner: object,
+        agent_name: str,
+        default_model_id: str | None,
+        opted_out: Callable[[str | None], bool],
+    ) -> None:
+        super().__init__(agent_name=agent_name, default_model_id=default_model_id, config=_NO_CONFIG)
+        self._owner = owner
+        self._names = (agent_name, default_model_id)
+        self._opted_out = opted_out
         self._decoders: dict[DurableOperationId, Decoder] = {}
         self._bound: dict[DurableOperationId, BoundDurableOperation[Any, Any, Any]] = {}
 
-    def serves(self, capability: Durable[Any]) -> bool:
-        """Whether this backend dispatches for `capability` under its current names (operation names use them)."""
-        return capability is self._capability and (capability.name, capability.default_model_id) == self._names
+    def serves(self, owner: object, agent_name: str, default_model_id: str | None) -> bool:
+        """Whether this backend dispatches for `owner` under these names (operation names use them)."""
+        return owner is self._owner and (agent_name, default_model_id) == self._names
 
     def bind(self, operation: DurableOperation[Any, Any, Any]) -> BoundDurableOperation[Any, Any, Any]:
         """Bind an operation, reusing the binding of the same operation (same id and handler).
@@ -96,7 +102,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         cache_key: tuple[object, ...],
         config: None,
     ) -> object:
-        active = self._capability._active_run()
+        active = active_run(self._owner)
         if isinstance(operation_id, ToolsetCallToolId):
             with _naming_the_tool(cast(str, cache_key[0])):
                 if active is None:
@@ -120,7 +126,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
 
     async def _model_step(
         self,
-        active: _ActiveRun,
+        active: ActiveRun,
         name: str,
         body: Callable[[], Awaitable[object]],
         cache_key: tuple[object, ...],
@@ -129,8 +135,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         model_id, messages, settings, params, ctx = cache_key[:5]
         messages = cast('list[ModelMessage]', messages)
         params = cast(ModelRequestParameters, params)
-        fingerprint = await self._capability._fingerprint_model_request(
-            active,
+        fingerprint = await active.fingerprint_model_request(
             cast('str | None', model_id),
             messages,
             cast('ModelSettings | None', settings),
@@ -181,7 +186,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
 
     async def _tool_step(
         self,
-        active: _ActiveRun,
+        active: ActiveRun,
         operation_id: ToolsetCallToolId,
         name: str,
         body: Callable[[], Awaitable[object]],
@@ -191,7 +196,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         tool = cache_key[3] if len(cache_key) > 3 else None
         tool_call_id = cast('RunContext[Any]', ctx).tool_call_id
         fingerprint, call = tool_call_digests(cast(str, tool_name), args, tool_call_id)
-        replayable = tool_is_replayable(tool) and not self._capability.opted_out(operation_id.toolset_id)
+        replayable = tool_is_replayable(tool) and not self._opted_out(operation_id.toolset_id)
         step = active.run.claim(name, 'tool', fingerprint, replayable=replayable, call=call)
         if await replay_tool(step, self._decoders.get(operation_id), active.ledger):
             return step.payload
@@ -229,88 +234,3 @@ def _response_of(payload: object, decode: Decoder | None) -> ModelResponse | Non
         return value
     inner = getattr(value, 'response', None)
     return inner if isinstance(inner, ModelResponse) else None
-
-
-async def replay_tool(step: Step, decode: Decoder | None, ledger: ReplayUsageLedger | None) -> bool:
-    """`replay` for a tool step: cancel what pydantic-ai counts for it, and keep a replay by arguments (DV-2).
-
-    A replay by arguments is written at its new position, so the next attempt of the same agent replays
-    it by position. `ledger` is `None` for steps pydantic-ai does not count as tool calls (output functions).
-    """
-    if not replay(step, decode):
-        return False
-    if ledger is not None and is_successful_tool_payload(step.payload):
-        ledger.record_tool_replay(step.position, call=step.call if step.by_arguments else None)
-    if step.by_arguments:
-        await step.keep()
-    return True
-
-
-def replay(step: Step, decode: Decoder | None) -> bool:
-    """Whether a claimed step replays: it matched and its payload still decodes; else it is rejected (X-1, X-2)."""
-    if not step.replayed:
-        return False
-    try:
-        if decode is not None:
-            decode(step.payload)
-    except (TypeError, ValueError):
-        step.reject()
-        return False
-    replayed(step)  # its span says so (TR-1)
-    return True
-
-
-async def run_live(
-    step: Step,
-    body: Callable[[], Awaitable[object]],
-    *,
-    to_record: Callable[[Any], Any] | None = None,
-    spend: Callable[[object], dict[str, Any] | None] | None = None,
-) -> object:
-    """Run a step's body and record what it returned.
-
-    The body runs under `step.executing()` so agent runs it starts nest under it (R-4); a body that
-    raises records nothing and leaves a note for the run's failure fence (W-5), except a result that
-    cannot be journaled, which leaves a fence at its position (JF-5). `spend` counts what the step
-    cost and gives the snapshot stored with its entry (U2-1).
-    """
-    await step.start()  # stops here if the attempt lost its lease or its journal (B-10, JF-2)
-    try:
-        with step.executing(), traced(step):
-            payload = await body()
-        step.reached('after_body')
-    except BaseException as exc:
-        step.failed(exc)
-        if isinstance(exc, ResultNotJournalable) and exc.step is step:
-            await step.run.fence(step, exc)  # it ran: a retry must not repeat it silently (JF-5)
-        raise
-    await step.record(payload, to_record=to_record, spend=spend(payload) if spend is not None else None)
-    step.reached('after_record')
-    return payload
-
-
-async def run_live_call(
-    step: Step,
-    call: Callable[[], Awaitable[object]],
-    *,
-    tool_name: str,
-    to_record: Callable[[Any], Any] | None = None,
-    spend: Callable[[object], dict[str, Any] | None] | None = None,
-) -> object:
-    """Run a call whose control-flow exceptions are outcomes (T-5) as a live step.
-
-    The step records the call's encoded outcome (`call_and_encode`); then the value is returned, or the
-    signal it raised (`ModelRetry`, `CallDeferred`, ...) is raised again, as a replay of it would.
-    """
-    live: list[object] = []
-
-    async def body() -> object:
-        outcome, payload = await call_and_encode(call, tool_name=tool_name)
-        live.append(outcome)
-        return payload
-
-    await run_live(step, body, to_record=to_record, spend=spend)
-    outcome = live[0]
-    if isinstance(outcome, CONTROL_FLOW_EXCEPTIONS):
-        raise outcome
-    return outcome

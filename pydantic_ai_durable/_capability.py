@@ -3,35 +3,32 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.capabilities import WrapOutputProcessHandler, WrapRunHandler
 from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec
 from pydantic_ai.exceptions import UnexpectedModelBehavior
-from pydantic_ai.messages import ModelMessage
-from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.models import Model
 from pydantic_ai.output import OutputContext
 from pydantic_ai.run import AgentRunResult
-from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset
 
+from ._active_run import ActiveRun, activated, active_run
 from ._backend import DurableBackend
 from ._codec import JOURNAL_CODEC, not_journalable
 from ._compat import check_private_hooks, resolve_request_model
 from ._execution import Execution, current_attempt
-from ._fingerprint import ModelFingerprinter, RequestPreparer, fingerprint_run_start
-from ._journal import DivergenceMode, Run, SimulatedCrash, check_divergence_mode
+from ._fingerprint import ModelFingerprinter, fingerprint_run_start
+from ._journal import DivergenceMode, SimulatedCrash, check_divergence_mode
 from ._leaf import JournaledToolset
-from ._ledger import ReplayUsageLedger, is_successful_tool_payload
+from ._ledger import ReplayUsageLedger
 from ._masking import SECRETS, SecretRegistry
 from ._output import journal_output_process
 from ._tracing import traced_run
-from ._usage import NestedUsage, RunSpend
+from ._usage import RunSpend
 from .journals._protocol import Journal
 
 __all__ = ('Durable',)
@@ -45,29 +42,6 @@ def _is_mcp_toolset(toolset: object) -> bool:
     except ImportError:
         return False
     return isinstance(toolset, MCPToolset)
-
-
-@dataclass
-class _ActiveRun:
-    """Everything one agent run needs while it runs inside an execution."""
-
-    run: Run
-    ledger: ReplayUsageLedger
-    fingerprinter: ModelFingerprinter
-    spend: RunSpend
-    secrets: SecretRegistry
-    preparer: RequestPreparer = field(default_factory=RequestPreparer)
-
-    def mask(self, payload: Any) -> Any:
-        return self.secrets.mask(payload)
-
-    def tool_spend(self, payload: object, nested: NestedUsage | None = None) -> dict[str, Any] | None:
-        """Count a finished live tool call (pydantic-ai counts only successful ones, U-4) and its nested usage."""
-        return self.spend.tool_call_finished(is_successful_tool_payload(payload), nested)
-
-
-_ACTIVE_RUNS: ContextVar[Mapping[int, _ActiveRun] | None] = ContextVar('pydantic_ai_durable.active_runs', default=None)
-"""The run each `Durable` (by identity) is executing in this task; nested runs add their own entry."""
 
 
 class Durable(BaseDurabilityCapability[AgentDepsT]):
@@ -128,12 +102,11 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         # pydantic-ai binds a shallow copy per agent, so a backend (and its bindings) made for another copy
         # is never reused: each belongs to the capability object it dispatches for.
         backend = self._backend
-        if backend is None or not backend.serves(self):
-            backend = self._backend = DurableBackend(self)
+        if backend is None or not backend.serves(self, self.name, self.default_model_id):
+            backend = self._backend = DurableBackend(
+                owner=self, agent_name=self.name, default_model_id=self.default_model_id, opted_out=self.opted_out
+            )
         return backend
-
-    def _active_run(self) -> _ActiveRun | None:
-        return (_ACTIVE_RUNS.get() or {}).get(id(self))
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
         # A cancellation token is a handle of the caller's own process, which is where our steps run:
@@ -150,59 +123,32 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         spend = RunSpend(run)
         ctx.usage.incr(spend.earlier)  # U2-2: earlier attempts' spend counts before the first limit check
         ledger = ReplayUsageLedger(run_usage=ctx.usage, usage_limits=ctx.usage_limits)
-        active = _ActiveRun(run, ledger, ModelFingerprinter(secrets=self.secrets), spend, self.secrets)
+        fingerprinter = ModelFingerprinter(secrets=self.secrets)
+        active = ActiveRun(run, ledger, fingerprinter, spend, self.secrets, resolve_model=self._request_model)
         handle = attempt.handle
         if isinstance(handle, Execution):
             handle._spends.append(spend)
         ledger.credit_first_replay(run)
-        token = _ACTIVE_RUNS.set({**(_ACTIVE_RUNS.get() or {}), id(self): active})
-        try:
-            with traced_run(run, ctx.capabilities, lambda: spend.attempt):
-                result = await handler()
-        except SimulatedCrash:
-            raise  # stands for a process death, which writes nothing (F-1)
-        except BaseException as error:
+        with activated(self, active):
             try:
-                await run.fail(error, model_at_fault=isinstance(error, UnexpectedModelBehavior))
-            except Exception as exc:  # the run's own error is what the caller must see
-                log.warning('Execution %r run %s: recording the failure failed (%s).', attempt.key, run.key, exc)
-            raise
-        finally:
-            ledger.settle()
-            _ACTIVE_RUNS.reset(token)
+                with traced_run(run, ctx.capabilities, lambda: spend.attempt):
+                    result = await handler()
+            except SimulatedCrash:
+                raise  # stands for a process death, which writes nothing (F-1)
+            except BaseException as error:
+                try:
+                    await run.fail(error, model_at_fault=isinstance(error, UnexpectedModelBehavior))
+                except Exception as exc:  # the run's own error is what the caller must see
+                    log.warning('Execution %r run %s: recording the failure failed (%s).', attempt.key, run.key, exc)
+                raise
+            finally:
+                ledger.settle()
         if attempt.cleanup == 'run':
             await attempt.cleanup_run(run)
         return result
 
-    async def _fingerprint_model_request(
-        self,
-        active: _ActiveRun,
-        model_id: str | None,
-        messages: Sequence[ModelMessage],
-        settings: ModelSettings | None,
-        params: ModelRequestParameters,
-        ctx: RunContext[Any],
-    ) -> str | None:
-        """Fingerprint a request as the model it goes to will see it (FP-1, FP-2, A-7)."""
-        step = active.run.next_position
-        try:
-            model = await self._request_model(model_id, ctx)
-            prepared_settings, prepared_params = active.preparer.prepare(model, settings, params)
-            identity = f'{model.system}:{model.model_name}'
-        except Exception as exc:
-            log.warning(
-                'Model step %d could not be fingerprinted (%s: %s); it replays only right after a replayed step, '
-                'and later model steps are usually affected too.',
-                step,
-                type(exc).__name__,
-                exc,
-            )
-            return None
-        return active.fingerprinter.fingerprint(
-            identity, messages, dict(prepared_settings) if prepared_settings else None, prepared_params, step=step
-        )
-
     async def _request_model(self, model_id: str | None, ctx: RunContext[Any]) -> Model:
+        """The model a request goes to, resolved once per agent and model id (A-7)."""
         key = (id(self.agent), model_id)
         model = self._request_models.get(key)
         if model is None:
@@ -218,7 +164,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         handler: WrapOutputProcessHandler,
     ) -> Any:
         """Journal output processing that calls an output function, so a replay does not call it again (A-11)."""
-        active = self._active_run()
+        active = active_run(self)
         if active is None or not output_context.has_function or ctx.partial_output or self.agent is None:
             return await handler(output)  # streaming partials are not the result: only the final one is a step
         return await journal_output_process(active, self.name, self.agent.output_type, output_context, output, handler)
@@ -257,7 +203,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         def journal(leaf: AbstractToolset[AgentDepsT]) -> AbstractToolset[AgentDepsT]:
             if isinstance(leaf, (FunctionToolset, DynamicToolset)) or _is_mcp_toolset(leaf):
                 return leaf
-            return JournaledToolset(leaf, capability=self)
+            return JournaledToolset(leaf, owner=self, agent_name=self.name)
 
         journaled = toolset.visit_and_replace(journal)
         wrapped = super().get_wrapper_toolset(journaled)

@@ -14,8 +14,8 @@ from pydantic_ai.usage import RunUsage
 
 from ._errors import DurableError
 from ._journal import Attempt, CleanupMode, DivergenceMode, Stats
-from ._ledger import is_successful_tool_payload
 from ._usage import RunSpend
+from ._usage_math import is_successful_tool_payload
 from .journals._protocol import Journal
 from .journals._retention import FROM_JOURNAL, Retention
 from .journals.disk import DiskJournal, default_directory

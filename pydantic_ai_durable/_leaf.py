@@ -10,19 +10,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from ._backend import replay_tool, run_live_call
+from ._active_run import active_run
 from ._fingerprint import tool_call_digests
 from ._payloads import check_replayable_payload, decode_payload
+from ._step_runner import replay_tool, run_live_call
 from ._usage import NestedUsage
-
-if TYPE_CHECKING:
-    from ._capability import Durable
 
 __all__ = ('JournaledToolset',)
 
@@ -31,10 +29,12 @@ __all__ = ('JournaledToolset',)
 class JournaledToolset(WrapperToolset[AgentDepsT]):
     """Records each call of the wrapped leaf as a tool step, and replays it on a later attempt.
 
-    A toolset with a `replayable = False` attribute still takes a position but always runs live.
+    A toolset with a `replayable = False` attribute still takes a position but always runs live. `owner` is
+    the capability whose active run the calls are journaled in, `agent_name` the name its steps carry.
     """
 
-    capability: Durable[Any] = field(default=None, repr=False)  # type: ignore[arg-type]
+    owner: object = field(default=None, repr=False)
+    agent_name: str = field(default='', repr=False)
 
     @property
     def id(self) -> str | None:
@@ -47,12 +47,12 @@ class JournaledToolset(WrapperToolset[AgentDepsT]):
 
     def step_name(self, tool_name: str) -> str:
         toolset = self.wrapped.id or type(self.wrapped).__name__
-        return f'{self.capability.name}__leaf_toolset__{toolset}.call_tool:{tool_name}'
+        return f'{self.agent_name}__leaf_toolset__{toolset}.call_tool:{tool_name}'
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[AgentDepsT], tool: ToolsetTool[AgentDepsT]
     ) -> Any:
-        active = self.capability._active_run()
+        active = active_run(self.owner)
         if active is None:
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         replayable = getattr(self.wrapped, 'replayable', True) is not False

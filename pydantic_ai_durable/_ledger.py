@@ -11,7 +11,8 @@ ahead of every model request, and the `check_before_tool_call` projection over a
 batch of function-tool calls. For those the ledger looks ahead in the journal and takes *credits*
 (a request or a tool call counted down in advance) for steps it expects to replay. Each credit is
 either consumed by the replay, given back with a re-check when the step turns out live, or given
-back by `settle()` when the run never reaches it. Nothing here is persisted.
+back by `settle()` when the run never reaches it. Nothing here is persisted. The arithmetic it takes
+back with is `_usage_math`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import copy
 import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from decimal import Decimal
 from typing import Any, Literal, Protocol
 
 from pydantic import TypeAdapter
@@ -30,21 +30,16 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
 from ._fingerprint import call_digest
-
-__all__ = (
-    'SUCCESSFUL_TOOL_RESULT_KINDS',
-    'JournalView',
-    'MatchView',
-    'ReplayUsageLedger',
-    'add_usage',
-    'fill_replayed_cost',
-    'is_successful_tool_payload',
-    'subtract_request_usage',
-    'subtract_usage',
+from ._usage_math import (
+    add_usage,
+    counter_fields,
+    counter_names,
+    fill_replayed_cost,
+    is_successful_tool_payload,
+    subtract_usage,
 )
 
-SUCCESSFUL_TOOL_RESULT_KINDS: frozenset[str] = frozenset({'tool_return', 'tool_content_result'})
-"""Recorded tool outcomes pydantic-ai counts as a call; retries, failures and deferrals are not counted."""
+__all__ = ('JournalView', 'MatchView', 'ReplayUsageLedger')
 
 _LOOKAHEAD_SLACK = 16
 """Extra journal positions `credit_successors` scans past `2 * calls + 1`.
@@ -52,8 +47,6 @@ _LOOKAHEAD_SLACK = 16
 Positions between a response and the next request are not all tool calls: discovery, event handler
 and capability steps can sit in between, so the scan allows some room for them.
 """
-
-_NON_COUNTER_FIELDS = frozenset({'details', 'cost'})
 
 
 class JournalView(Protocol):
@@ -81,105 +74,6 @@ class MatchView(Protocol):
     def servable(self, calls: Iterable[str]) -> list[str]:
         """Those of these call digests the run would replay by arguments now, each recorded result once."""
         ...
-
-
-_COUNTER_FIELDS: dict[type[Any], tuple[str, ...]] = {}
-
-
-def _counter_fields(usage_type: type[RequestUsage | RunUsage]) -> tuple[str, ...]:
-    """The numeric fields a usage class declares, found by introspection so new counters are covered."""
-    names = _COUNTER_FIELDS.get(usage_type)
-    if names is None:
-        names = tuple(f.name for f in dataclasses.fields(usage_type) if f.name not in _NON_COUNTER_FIELDS)
-        _COUNTER_FIELDS[usage_type] = names
-    return names
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float))
-
-
-def _counter_names(usage: RequestUsage | RunUsage) -> list[str]:
-    """Declared counters plus any provider-specific counters carried as extra attributes.
-
-    pydantic-ai keeps unknown usage keys (e.g. a provider's `web_searches`) as attributes and sums
-    them when it adds usage, so they have to be taken back too.
-    """
-    declared = _counter_fields(type(usage))
-    extra = [name for name in vars(usage) if name not in declared and name not in _NON_COUNTER_FIELDS]
-    return [*declared, *extra]
-
-
-def _shift_usage(run_usage: RunUsage, usage: RequestUsage | RunUsage, sign: Literal[1, -1]) -> None:
-    for name in _counter_names(usage):
-        value = getattr(usage, name, 0)
-        current = getattr(run_usage, name, 0)
-        if _is_number(value) and _is_number(current):
-            setattr(run_usage, name, current + sign * value)
-    for key, value in usage.details.items():
-        if _is_number(value):  # providers sometimes report None despite the annotation
-            run_usage.details[key] = run_usage.details.get(key, 0) + sign * value
-    if usage.cost is not None:
-        run_usage.cost = (run_usage.cost or Decimal(0)) + sign * usage.cost
-
-
-def subtract_usage(run_usage: RunUsage, usage: RequestUsage | RunUsage) -> None:
-    """Take one response's usage, or an operation's accumulated `RunUsage` delta, off `run_usage` in place (U-2).
-
-    It is the exact inverse of the add pydantic-ai is about to do, so every counter the usage object
-    carries is covered, `details` key by key, and the cost only when the subtracted usage has one.
-    `requests`/`tool_calls` move only when `usage` is a `RunUsage` (a `RequestUsage` never adds them).
-    """
-    _shift_usage(run_usage, usage, -1)
-
-
-subtract_request_usage = subtract_usage
-"""The name rule U-2 uses for `subtract_usage`."""
-
-
-def add_usage(run_usage: RunUsage, usage: RequestUsage | RunUsage) -> None:
-    """Add `usage` to `run_usage` in place: the inverse of `subtract_usage`, under the same rules.
-
-    The ledger uses it to give back a subtraction that turned out too large, such as the previous
-    segment of a background job that is polled again.
-    """
-    _shift_usage(run_usage, usage, 1)
-
-
-def fill_replayed_cost(response: ModelResponse) -> None:
-    """Price a replayed response in place, the way the graph prices every response it receives (U-3).
-
-    Responses are journaled before the graph prices them, so a replay arrives with `cost=None` and the
-    graph would then add a price the ledger never took off. This runs the same genai-prices lookup,
-    including the graph's rule that a response with unmeasured usage keeps a positive price but not a
-    zero one, and leaves anything it cannot price alone (the graph warns about that, not us).
-    """
-    usage = response.usage
-    if usage.cost is not None or not response.model_name:
-        return
-    try:
-        if usage.unmeasured_requests:
-            # `ModelResponse.cost()` refuses usage with unmeasured requests, but the graph still prices it
-            # as a lower bound; pricing a copy without the marker gives the same figure.
-            measured = copy.copy(usage)
-            measured.unmeasured_requests = 0
-            price = dataclasses.replace(response, usage=measured).cost().total_price
-            if price == 0:
-                return
-        else:
-            price = response.cost().total_price
-    except Exception:
-        return
-    usage.cost = price
-
-
-def is_successful_tool_payload(payload: object) -> bool:
-    """Whether a recorded tool payload is an outcome pydantic-ai counts in `tool_calls` (U-4).
-
-    Retries, failures, approvals and deferrals replay too, but the tool manager does not count them,
-    so there is nothing to cancel for them.
-    """
-    return isinstance(payload, Mapping) and payload.get('kind') in SUCCESSFUL_TOOL_RESULT_KINDS
 
 
 class ReplayUsageLedger:
@@ -461,7 +355,7 @@ class ReplayUsageLedger:
         """`subtract_usage`, remembering which keys it creates so `settle()` can tidy them away."""
         run_usage = self.run_usage
         self._new_detail_keys.update(key for key in usage.details if key not in run_usage.details)
-        self._new_attributes.update(name for name in _counter_names(usage) if not hasattr(run_usage, name))
+        self._new_attributes.update(name for name in counter_names(usage) if not hasattr(run_usage, name))
         if usage.cost is not None and run_usage.cost is None:
             self._cost_was_unset = True
         subtract_usage(run_usage, usage)
@@ -474,7 +368,7 @@ class ReplayUsageLedger:
                 del run_usage.details[key]
             if key not in run_usage.details:
                 self._new_detail_keys.discard(key)
-        declared = set(_counter_fields(type(run_usage)))
+        declared = set(counter_fields(type(run_usage)))
         for name in list(self._new_attributes):
             if name not in declared and getattr(run_usage, name, None) == 0:
                 delattr(run_usage, name)

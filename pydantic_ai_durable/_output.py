@@ -13,17 +13,15 @@ import logging
 import typing
 from collections.abc import Awaitable, Callable, Sequence
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import TypeAdapter
 from pydantic_ai.output import OutputContext
 
-from ._backend import replay_tool, run_live_call
+from ._active_run import ActiveRun
 from ._fingerprint import tool_call_digests
 from ._payloads import check_replayable_payload, decode_payload
-
-if TYPE_CHECKING:
-    from ._capability import _ActiveRun
+from ._step_runner import replay_tool, run_live_call
 
 __all__ = ('journal_output_process',)
 
@@ -71,7 +69,7 @@ def _find(output_type: object, name: str) -> Callable[..., Any] | None:
 
 
 async def journal_output_process(
-    active: _ActiveRun,
+    active: ActiveRun,
     agent_name: str,
     output_type: object,
     output_context: OutputContext,

@@ -20,7 +20,7 @@ from pydantic_ai.messages import ModelResponse
 from pydantic_ai.usage import RequestUsage, RunUsage
 
 from ._journal import Run
-from ._ledger import fill_replayed_cost, subtract_usage
+from ._usage_math import fill_replayed_cost, subtract_usage
 
 __all__ = ('RunSpend', 'dump_usage', 'load_usage', 'operation_usage', 'without_operation_usage')
 

@@ -34,7 +34,7 @@ import pytest
 import pydantic_ai_durable
 import pydantic_ai_durable.journals
 import pydantic_ai_durable.testing
-from pydantic_ai_durable._cli import _build_parser
+from pydantic_ai_durable._cli._parsing import build_parser as _build_parser
 from pydantic_ai_durable.journals import Journal
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -46,7 +46,6 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.tools import ToolDefinition
 
-import pydantic_ai_durable._fingerprint as fp_module
 from pydantic_ai_durable._fingerprint import (
     TRANSPORT_ONLY_SETTINGS,
     VERIFY_ENV_VAR,
@@ -55,6 +54,9 @@ from pydantic_ai_durable._fingerprint import (
     fingerprint_model_request,
     fingerprint_tool_call,
 )
+from pydantic_ai_durable._fingerprint import _canonical as fp_canonical
+from pydantic_ai_durable._fingerprint import _history as fp_history
+from pydantic_ai_durable._fingerprint import _settings as fp_settings
 from pydantic_ai_durable._masking import SecretRegistry
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -441,7 +443,7 @@ def test_fp4_transport_only_settings_include_spec_names_and_every_prompt_cache_s
 
 
 def test_fp4_module_scan_finds_the_same_keys_as_a_full_parse() -> None:
-    fast = set().union(*map(set, fp_module.installed_settings_keys().values()))
+    fast = set().union(*map(set, fp_settings.installed_settings_keys().values()))
     assert fast == set().union(*_keys_by_full_parse().values())
 
 
@@ -550,7 +552,7 @@ def test_fp6_datetime_decimal_bytes_and_dataclass_arguments_are_stable() -> None
 
 
 def test_fp6_bytes_render_as_base64() -> None:
-    assert fp_module._render_value({'blob': b'\xff\x00'}) == '{"blob":"_wA="}'
+    assert fp_canonical.render_value({'blob': b'\xff\x00'}) == '{"blob":"_wA="}'
 
 
 def test_fp6_unserializable_setting_gives_none_and_one_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -669,13 +671,13 @@ def test_fp8_set_order_is_hash_seed_free() -> None:
 
 
 def test_fp8_sets_are_sorted_by_canonical_json() -> None:
-    assert fp_module._render_value({'s': {'b', 'c', 'a'}}) == '{"s":["a","b","c"]}'
-    assert fp_module._render_value({'n': frozenset({10, 2, 33})}) == '{"n":[10,2,33]}'
+    assert fp_canonical.render_value({'s': {'b', 'c', 'a'}}) == '{"s":["a","b","c"]}'
+    assert fp_canonical.render_value({'n': frozenset({10, 2, 33})}) == '{"n":[10,2,33]}'
 
 
 def test_fp8_nested_sets_in_tuple_members_are_ordered() -> None:
     value = {'s': {(2, frozenset({'z'})), (1, frozenset({'y', 'x', 'w'}))}}
-    assert fp_module._render_value(value) == '{"s":[[1,["w","x","y"]],[2,["z"]]]}'
+    assert fp_canonical.render_value(value) == '{"s":[[1,["w","x","y"]],[2,["z"]]]}'
 
 
 class BytesBag(BaseModel):
@@ -684,7 +686,7 @@ class BytesBag(BaseModel):
 
 
 def test_fp8_set_rendered_under_a_model_bytes_mode_is_located() -> None:
-    assert fp_module._render_value({'bag': BytesBag(items={b'\x02', b'\x01', b'\xff'})}) == (
+    assert fp_canonical.render_value({'bag': BytesBag(items={b'\x02', b'\x01', b'\xff'})}) == (
         '{"bag":{"items":["01","02","ff"]}}'
     )
 
@@ -711,7 +713,7 @@ def test_fp8_hash_seed_ordered_set_that_cannot_be_located_is_refused() -> None:
 
 
 def test_fp8_seed_free_set_that_cannot_be_located_is_kept_as_rendered() -> None:
-    assert fp_module._render_value({'x': JoinedInts(ids={3, 1, 2})}) == '{"x":{"ids":"1,2,3"}}'
+    assert fp_canonical.render_value({'x': JoinedInts(ids={3, 1, 2})}) == '{"x":{"ids":"1,2,3"}}'
 
 
 def _generator() -> Iterator[int]:
@@ -870,13 +872,13 @@ def test_perf1_a_step_renders_only_new_messages_however_long_the_history(monkeyp
     fingerprinter = ModelFingerprinter()
     fingerprinter.fingerprint('test:m', messages[:-2], None, params())
     rendered: list[ModelMessage] = []
-    original = fp_module._dump_message
+    original = fp_history._dump_message
 
     def counting(message: ModelMessage, mode: Any) -> Any:
         rendered.append(message)
         return original(message, mode)
 
-    monkeypatch.setattr(fp_module, '_dump_message', counting)
+    monkeypatch.setattr(fp_history, '_dump_message', counting)
     fingerprinter.fingerprint('test:m', messages, None, params())
     assert rendered == messages[-2:]
 
@@ -888,17 +890,17 @@ def test_perf1_per_message_rendering_equals_the_history_adapter() -> None:
     ]
     for mode in ('python', 'json'):
         whole = ModelMessagesTypeAdapter.dump_python(messages, mode=mode)
-        assert [fp_module._dump_message(message, mode) for message in messages] == whole
+        assert [fp_history._dump_message(message, mode) for message in messages] == whole
 
 
 def test_perf1_plain_snapshot_implies_nothing_for_the_guide_to_handle() -> None:
     samples = [*history(), *long_history(2), *code_mode_history(T0), *history(result={'a': [1, (2, 3)]})]
     for message in samples:
-        assert fp_module._snapshot(message) is not None
-        assert not fp_module._inspect_guide(fp_module._dump_message(message, 'python'))
-    assert fp_module._snapshot(history(result={'s': {'a'}})[2]) is None
-    assert fp_module._snapshot(history(result={1: 'a'})[2]) is None
-    assert fp_module._snapshot(history(result=Lookup(city='x', days=1))[2]) is None
+        assert fp_history.snapshot_of(message) is not None
+        assert not fp_canonical.inspect_guide(fp_history._dump_message(message, 'python'))
+    assert fp_history.snapshot_of(history(result={'s': {'a'}})[2]) is None
+    assert fp_history.snapshot_of(history(result={1: 'a'})[2]) is None
+    assert fp_history.snapshot_of(history(result=Lookup(city='x', days=1))[2]) is None
 
 
 def test_perf1_in_place_edit_of_the_previous_last_message_is_seen() -> None:
@@ -927,7 +929,7 @@ def test_perf1_a_message_that_contains_itself_gives_none_without_hanging() -> No
     loop: dict[str, Any] = {'a': 1}
     loop['self'] = loop
     messages = history(result=loop)
-    assert fp_module._snapshot(messages[2]) is None
+    assert fp_history.snapshot_of(messages[2]) is None
     assert ModelFingerprinter().fingerprint('test:m', messages, None, params()) is None
     assert model_fp(messages) is None
 

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._crash import CrashPlan, SimulatedCrash, crash_at
-    from ._harness import CrashCase, CrashReport, ReplayReport, assert_replays, crash_everywhere
+    from ._harness import assert_replays, crash_everywhere
     from ._record import SideEffects, StepRef
+    from ._reports import CrashCase, CrashReport, ReplayReport
     from ._scripted import ScriptedModel, ToolCall, Turn
 
 __all__ = (
@@ -37,9 +38,9 @@ _MODULES = {
     'CrashPlan': '_crash',
     'SimulatedCrash': '_crash',
     'crash_at': '_crash',
-    'CrashCase': '_harness',
-    'CrashReport': '_harness',
-    'ReplayReport': '_harness',
+    'CrashCase': '_reports',
+    'CrashReport': '_reports',
+    'ReplayReport': '_reports',
     'assert_replays': '_harness',
     'crash_everywhere': '_harness',
     'SideEffects': '_record',

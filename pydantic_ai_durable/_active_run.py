@@ -1,0 +1,102 @@
+"""The active run: what one agent run holds while it runs inside an execution, and which run is whose.
+
+The operation backend, leaf toolsets and output functions turn pydantic-ai's calls into journal steps.
+For that they need the run's journal `Run`, its usage ledger, spend, fingerprinter and secrets, and no
+more of the `Durable` capability that opened the run: this module is what they depend on, so the
+capability stays the only module that knows all the others. `Durable.wrap_run` builds an `ActiveRun`
+and activates it under its own identity; the executors look it up by the identity they were given.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic_ai.messages import ModelMessage
+from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import RunContext
+
+from ._fingerprint import ModelFingerprinter, RequestPreparer
+from ._journal import Run
+from ._ledger import ReplayUsageLedger
+from ._masking import SecretRegistry
+from ._usage import NestedUsage, RunSpend
+from ._usage_math import is_successful_tool_payload
+
+__all__ = ('ActiveRun', 'ModelResolver', 'activated', 'active_run')
+
+log = logging.getLogger('pydantic_ai_durable')
+
+ModelResolver = Callable[[str | None, RunContext[Any]], Awaitable[Model]]
+"""The model a request with this model id goes to (the capability's resolver, A-7)."""
+
+
+@dataclass
+class ActiveRun:
+    """Everything one agent run needs while it runs inside an execution."""
+
+    run: Run
+    ledger: ReplayUsageLedger
+    fingerprinter: ModelFingerprinter
+    spend: RunSpend
+    secrets: SecretRegistry
+    resolve_model: ModelResolver
+    preparer: RequestPreparer = field(default_factory=RequestPreparer)
+
+    def mask(self, payload: Any) -> Any:
+        return self.secrets.mask(payload)
+
+    def tool_spend(self, payload: object, nested: NestedUsage | None = None) -> dict[str, Any] | None:
+        """Count a finished live tool call (pydantic-ai counts only successful ones, U-4) and its nested usage."""
+        return self.spend.tool_call_finished(is_successful_tool_payload(payload), nested)
+
+    async def fingerprint_model_request(
+        self,
+        model_id: str | None,
+        messages: Sequence[ModelMessage],
+        settings: ModelSettings | None,
+        params: ModelRequestParameters,
+        ctx: RunContext[Any],
+    ) -> str | None:
+        """Fingerprint a request as the model it goes to will see it (FP-1, FP-2, A-7)."""
+        step = self.run.next_position
+        try:
+            model = await self.resolve_model(model_id, ctx)
+            prepared_settings, prepared_params = self.preparer.prepare(model, settings, params)
+            identity = f'{model.system}:{model.model_name}'
+        except Exception as exc:
+            log.warning(
+                'Model step %d could not be fingerprinted (%s: %s); it replays only right after a replayed step, '
+                'and later model steps are usually affected too.',
+                step,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        return self.fingerprinter.fingerprint(
+            identity, messages, dict(prepared_settings) if prepared_settings else None, prepared_params, step=step
+        )
+
+
+_ACTIVE_RUNS: ContextVar[Mapping[int, ActiveRun] | None] = ContextVar('pydantic_ai_durable.active_runs', default=None)
+"""The run each `Durable` (by identity) is executing in this task; nested runs add their own entry."""
+
+
+def active_run(owner: object) -> ActiveRun | None:
+    """The run `owner` (a `Durable` capability) is executing in this task, if any."""
+    return (_ACTIVE_RUNS.get() or {}).get(id(owner))
+
+
+@contextmanager
+def activated(owner: object, active: ActiveRun) -> Iterator[None]:
+    """Make `active` the run of `owner` in this task (and the tasks it starts) until the block ends."""
+    token = _ACTIVE_RUNS.set({**(_ACTIVE_RUNS.get() or {}), id(owner): active})
+    try:
+        yield
+    finally:
+        _ACTIVE_RUNS.reset(token)

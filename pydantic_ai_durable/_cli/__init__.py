@@ -1,0 +1,53 @@
+"""`python -m pydantic_ai_durable`: list, show, delete and prune the executions of a journal (CLI-1, CLI-2).
+
+When a retry costs money again, a user needs to see what the journal held and where replay stopped,
+without writing code. The CLI only works on a journal that already exists: it never creates a
+directory or a database schema, so a mistyped path is reported instead of silently becoming an empty
+journal. Modules: `_parsing` (the command line), `_target` (opening the journal), `_render`, `_commands`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from ._commands import delete_command, list_command, prune_command, show_command
+from ._parsing import PROG, build_parser, parse_duration, run_order
+from ._render import escape
+from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, open_target
+
+__all__ = ('EXIT_NOT_FOUND', 'EXIT_OK', 'EXIT_USAGE', 'main', 'parse_duration', 'run_order')
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
+    """Run the CLI with `argv` (default: the process's arguments) and return the exit code (CLI-2)."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, 'reconfigure', None)
+        if reconfigure is not None:  # a key a terminal cannot show must not crash the listing
+            reconfigure(errors='backslashreplace')
+    parser = build_parser(prog or PROG)
+    options = parser.parse_args(arguments)  # exits with EXIT_USAGE on a bad command line
+    try:
+        target = open_target(options.journal, options.schema)
+        if options.command == 'list':
+            return list_command(target, options.state, options.json)
+        if options.command == 'show':
+            return show_command(target, options.key, options.json)
+        if options.command == 'delete':
+            return delete_command(target, options.key, force=options.force, as_json=options.json)
+        return prune_command(target, options.older_than, options.state, options.json)
+    except Failure as failure:
+        message = escape(' '.join(str(failure).splitlines()))
+        if failure.code == EXIT_USAGE:
+            parser.error(message)
+        print(f'{parser.prog}: {message}', file=sys.stderr)
+        return failure.code
+    except KeyboardInterrupt:
+        print(f'{parser.prog}: interrupted', file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `... | head`: the reader is gone, so is the need to print
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK

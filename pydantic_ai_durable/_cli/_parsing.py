@@ -1,0 +1,146 @@
+"""The CLI's command line: the commands, their options, and the durations and states they take (CLI-1).
+
+Shared options are accepted before and after the command. A duration needs a unit (`30s`, `7d`): a bare
+number would mean seconds to one reader and days to another, and a mistake here deletes executions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+
+from ..journals._protocol import EXECUTION_STATES, ExecutionState
+
+__all__ = ('PROG', 'Duration', 'build_parser', 'parse_duration', 'run_order')
+
+PROG = 'pydantic-ai-durable'
+_UNITS = {'s': 1, 'm': 60, 'h': 3600, 'd': 86400, 'w': 604800}
+_DURATION = re.compile(r'(?:\d+(?:\.\d+)?[smhdw])+')
+_DURATION_PART = re.compile(r'(\d+(?:\.\d+)?)([smhdw])')
+
+_EPILOG = """\
+journal:
+  --journal takes a directory (a DiskJournal) or a PostgreSQL DSN: a URL starting with
+  postgresql:// or postgres://, or a libpq "key=value ..." string. Without it, the default
+  journal is used: $PYDANTIC_AI_DURABLE_DIR, else .durable in the working directory. Nothing is
+  ever created: a directory or Postgres schema that does not hold a journal is reported.
+
+exit codes:
+  0  success
+  1  not found: an unknown KEY, or no journal at the given place; also a journal that cannot be
+     opened (unreadable, a file, a refused connection) and a refused delete (a running execution),
+     each reported as one line on stderr
+  2  usage error: a bad command line, e.g. an --older-than that is not a duration
+
+Times in tables are local; --json gives UTC ISO-8601 strings and epoch seconds.
+"""
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as `30s`, `15m`, `12h`, `7d`, `2w` or `1d12h`.
+
+    A unit is required: a bare number would silently mean seconds to one reader and days to another,
+    and a mistake here deletes executions.
+    """
+    cleaned = text.strip()
+    if not _DURATION.fullmatch(cleaned):
+        raise ValueError(
+            f'invalid duration {text!r}: use numbers with a unit s, m, h, d or w (e.g. 30s, 15m, 12h, 7d, 2w, 1d12h)'
+        )
+    return sum(float(number) * _UNITS[unit] for number, unit in _DURATION_PART.findall(cleaned))
+
+
+@dataclass(frozen=True)
+class Duration:
+    """A parsed `--older-than`, keeping what the user typed for the messages."""
+
+    seconds: float
+    text: str
+
+
+def _duration_argument(text: str) -> Duration:
+    try:
+        return Duration(parse_duration(text), text.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def run_order(run: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key putting run keys in start order: `0` < `0.1.1` < `0.3.1` < `1` < `10` (R-3, R-4).
+
+    Run keys are dotted integers; comparing them as strings would put `10` before `2` and a nested
+    run after its successors. A part that is not an integer (never written by this package) sorts last.
+    """
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in run.split('.'))
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    # The shared options are accepted before and after the command. The subparsers' copies default
+    # to SUPPRESS so that a value given before the command is not overwritten by their default.
+    def shared(parser: argparse.ArgumentParser, *, top: bool) -> None:
+        parser.add_argument(
+            '--journal',
+            metavar='PATH|DSN',
+            default=None if top else argparse.SUPPRESS,
+            help='journal directory or PostgreSQL DSN (default: $PYDANTIC_AI_DURABLE_DIR, else .durable)',
+        )
+        parser.add_argument(
+            '--schema',
+            default=None if top else argparse.SUPPRESS,
+            help='schema of a PostgreSQL journal (default: pydantic_ai_durable)',
+        )
+        parser.add_argument(
+            '--json',
+            action='store_true',
+            default=False if top else argparse.SUPPRESS,
+            help='print JSON for a program instead of a table',
+        )
+
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description='Inspect a pydantic-ai-durable journal: list, show, delete and prune executions.',
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    shared(parser, top=True)
+    commands = parser.add_subparsers(dest='command', metavar='COMMAND', required=True)
+    sub: dict[str, argparse.ArgumentParser] = {}
+    for name, help_text in (
+        ('list', 'list the executions in the journal'),
+        ('show', 'show the runs and steps recorded for one execution'),
+        ('delete', 'delete everything recorded for one execution'),
+        ('prune', 'delete finished executions whose retention ended, or any not updated for a while'),
+    ):
+        sub[name] = commands.add_parser(name, help=help_text, description=help_text.capitalize() + '.')
+        shared(sub[name], top=False)
+    sub['show'].add_argument('key', metavar='KEY', help='the execution key')
+    sub['delete'].add_argument('key', metavar='KEY', help='the execution key')
+    sub['delete'].add_argument(
+        '--force', action='store_true', help='delete even while a live attempt holds the execution'
+    )
+    states = {
+        'list': 'only executions in these states: running, interrupted, failed, finished',
+        'prune': 'with --older-than: which states to delete (default finished; also interrupted, failed)',
+    }
+    for name, help_text in states.items():
+        sub[name].add_argument('--state', metavar='STATE[,STATE]', type=_states_argument, default=None, help=help_text)
+    sub['prune'].add_argument(
+        '--older-than',
+        metavar='DURATION',
+        type=_duration_argument,
+        default=None,
+        help='age since the last write, e.g. 30s, 15m, 12h, 7d, 2w or 1d12h '
+        '(without it: finished executions whose retention ended)',
+    )
+    return parser
+
+
+def _states_argument(text: str) -> tuple[ExecutionState, ...]:
+    names = [name.strip() for name in text.split(',') if name.strip()]
+    unknown = [name for name in names if name not in EXECUTION_STATES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f'invalid state {", ".join(unknown) or repr(text)}: use {", ".join(EXECUTION_STATES)} (comma-separated)'
+        )
+    return tuple(name for name in EXECUTION_STATES if name in names)

@@ -1,0 +1,32 @@
+"""Fingerprints of model requests and tool calls (FP-1..FP-14, PERF-1).
+
+A journal entry is matched by position; its fingerprint says whether the recorded step was asked the
+same thing as the live one. A digest therefore has to be identical in every process that asks the same
+question (no hash-seed order, no `repr` of live objects, nothing that pydantic-ai regenerates per run)
+and has to differ whenever the model or the tool would be asked something else. When neither can be
+guaranteed the fingerprint is `None`, which the journal treats as "unverified".
+
+Modules, bottom up: `_canonical` (canonical JSON, FP-6, FP-8), `_settings` (which settings count, FP-4),
+`_history` (the message history, FP-3), `_request` (a model request from scratch, FP-1..FP-5),
+`_digests` (tool calls, events, a run's start) and `_incremental` (the running hash, PERF-1).
+"""
+
+from ._digests import call_digest, fingerprint_event, fingerprint_run_start, fingerprint_tool_call, tool_call_digests
+from ._history import Masker
+from ._incremental import VERIFY_ENV_VAR, ModelFingerprinter, RequestPreparer
+from ._request import fingerprint_model_request
+from ._settings import TRANSPORT_ONLY_SETTINGS
+
+__all__ = (
+    'TRANSPORT_ONLY_SETTINGS',
+    'VERIFY_ENV_VAR',
+    'Masker',
+    'ModelFingerprinter',
+    'RequestPreparer',
+    'call_digest',
+    'fingerprint_event',
+    'fingerprint_model_request',
+    'fingerprint_run_start',
+    'fingerprint_tool_call',
+    'tool_call_digests',
+)

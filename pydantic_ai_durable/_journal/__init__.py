@@ -1,0 +1,32 @@
+"""The framework-neutral journal core: attempts, runs, steps, matching, divergence and failure fences.
+
+It knows positions, names, kinds, fingerprints and JSON payloads, and nothing of pydantic-ai, so every
+replay rule of docs/rules.md (R, P, M, D, W, F, X, C and S) lives here once and is tested without an
+agent. Its modules, bottom up: `_records` (stored shapes), `_stats`, `_lease`, `_attempt_view` (the attempt
+as its runs see it), `_step`, `_pool` (argument matching, DV-2), `_fences` (failure fences), `_run` and
+`_attempt`. The rest of the package imports the names below from here.
+"""
+
+from ._attempt import Attempt, CleanupMode
+from ._records import ENTRY_VERSION, Kind
+from ._run import DivergenceMode, Run, check_divergence_mode
+from ._stats import Divergence, Stats, StepOutcome
+from ._step import STEP_OBSERVER, SimulatedCrash, Step, StepPoint, current_step
+
+__all__ = (
+    'ENTRY_VERSION',
+    'STEP_OBSERVER',
+    'Attempt',
+    'CleanupMode',
+    'Divergence',
+    'DivergenceMode',
+    'Kind',
+    'Run',
+    'SimulatedCrash',
+    'Stats',
+    'Step',
+    'StepOutcome',
+    'StepPoint',
+    'check_divergence_mode',
+    'current_step',
+)

@@ -1,0 +1,69 @@
+"""The journal's stored shapes: entries, run records and execution records, and their format version (B-3).
+
+Everything the core writes carries `ENTRY_VERSION`; what it reads back is checked here first, so a value of
+another version or shape is ignored (its step runs live) instead of being replayed as something it is
+not. The CLI shows a journal through the same readers, so it calls unreadable what a retry would ignore.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, Literal
+
+__all__ = ('ENTRY_VERSION', 'KINDS', 'Kind', 'latest_spend', 'one_line', 'parse_entry', 'readable')
+
+log = logging.getLogger('pydantic_ai_durable')
+
+Kind = Literal['model', 'tool', 'other']
+KINDS: tuple[Kind, ...] = ('model', 'tool', 'other')
+
+ENTRY_VERSION = 1
+"""Format version written into every entry, run record and execution record (B-3)."""
+
+
+def parse_entry(value: Any) -> dict[str, Any] | None:
+    """An entry as the core reads it, or `None` when its version or shape is unknown (B-3)."""
+    if not isinstance(value, dict) or value.get('v') != ENTRY_VERSION:
+        return None
+    if not isinstance(value.get('name'), str) or value.get('kind') not in KINDS or 'payload' not in value:
+        return None
+    fingerprint = value.get('fingerprint')
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        return None
+    return value
+
+
+def readable(value: Any, what: str) -> dict[str, Any] | None:
+    """`value` if it is a record of this format version, else `None` after one WARNING naming `what` (B-3)."""
+    if isinstance(value, dict) and value.get('v') == ENTRY_VERSION:
+        return value
+    log.warning('%s was written in a format this version cannot read; it is ignored.', what)
+    return None
+
+
+def latest_spend(candidates: Iterable[Any]) -> dict[str, Any] | None:
+    """The spend snapshot with the highest `seq`: snapshots only grow, so that is the newest.
+
+    A snapshot is `{"seq": int, "usage": {...}}`; one of another shape is ignored with a WARNING (B-3).
+    """
+    best: dict[str, Any] | None = None
+    for candidate in candidates:
+        if candidate is None:
+            continue
+        if not (
+            isinstance(candidate, dict)
+            and type(candidate.get('seq')) is int
+            and isinstance(candidate.get('usage'), dict)
+        ):
+            log.warning('A usage snapshot in the journal has an unknown shape; it is ignored.')
+            continue
+        if best is None or candidate['seq'] > best['seq']:
+            best = candidate
+    return best
+
+
+def one_line(error: BaseException, limit: int = 400) -> str:
+    """An error's text on one line, cut to `limit` characters: for a fence's record and for messages."""
+    text = ' '.join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + '...'

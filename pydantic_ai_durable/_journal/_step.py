@@ -1,0 +1,148 @@
+"""A step: the run's handle on one claimed position, and the hooks around a live step's body (R-4, H-3).
+
+Executors outside the journal core hold a `Step`: they replay its payload, or run its body under
+`executing()` and record what it returned. The step passes each of those calls on to its run, which holds
+the state they change; `RunView` names what it asks, so this module does not import the run. The test
+harness watches live steps through `STEP_OBSERVER` and stops one with `SimulatedCrash`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from ..journals._protocol import Journal
+from ._attempt_view import AttemptView, JournalState
+from ._records import Kind
+from ._stats import Stats
+
+__all__ = ('STEP_OBSERVER', 'RunView', 'SimulatedCrash', 'Step', 'StepPoint', 'current_step')
+
+_EXECUTING: ContextVar[Step | None] = ContextVar('pydantic_ai_durable.executing', default=None)
+"""The step whose live body runs in this task; a run started under it is nested (R-4, R-5)."""
+
+StepPoint = Literal['before_body', 'after_body', 'after_record']
+"""The boundaries of a live step where the test harness can crash it (H-3)."""
+
+STEP_OBSERVER: ContextVar[Callable[[Step, StepPoint], None] | None] = ContextVar(
+    'pydantic_ai_durable.step_observer', default=None
+)
+"""Called at each boundary of a live step; `pydantic_ai_durable.testing` uses it to inject crashes."""
+
+
+class SimulatedCrash(BaseException):
+    """The test harness's stand-in for a process death at a step boundary.
+
+    A `BaseException`, so pydantic-ai does not turn it into a retry; the journal treats it like a
+    SIGKILL: the run's failure is not recorded and the execution is not cleaned up.
+    """
+
+
+def current_step() -> Step | None:
+    """The step whose live body is running in the current task, if any."""
+    return _EXECUTING.get()
+
+
+class RunView(Protocol):
+    """What a step asks of the run that handed it out, and what its holders read of that run; `Run` implements it."""
+
+    attempt: AttemptView
+    key: str
+    journal: Journal
+    state: JournalState
+
+    @property
+    def stats(self) -> Stats: ...
+
+    async def record(
+        self,
+        step: Step,
+        payload: Any,
+        *,
+        to_record: Callable[[Any], Any] | None = None,
+        spend: dict[str, Any] | None = None,
+    ) -> bool: ...
+
+    async def keep(self, step: Step) -> None: ...
+
+    async def fence(self, step: Step, error: BaseException) -> None: ...
+
+    def note_error(self, step: Step, error: BaseException) -> None: ...
+
+    def reject(self, step: Step, reason: str = ...) -> None: ...
+
+
+@dataclass
+class Step:
+    """One claimed unit of a run: its position, identity and, when it replays, the recorded payload."""
+
+    run: RunView
+    position: int
+    name: str
+    kind: Kind
+    fingerprint: str | None
+    replayable: bool = True
+    replayed: bool = False
+    payload: Any = None
+    redacted: bool = False
+    """The entry at this position holds only a redacted copy of the result (secrets masked), so it runs live (K-8)."""
+    call: str | None = None
+    """Digest of the tool call's name and arguments, without its call id: what argument matching compares (DV-2)."""
+    origin: str | None = None
+    """Identity of the side effect this step's result stands for: its own when live, the matched one's otherwise."""
+    by_arguments: bool = False
+    """It replays the recorded result of an earlier call with the same name and arguments (DV-2)."""
+    rerun: bool = False
+    """It ran in an earlier attempt but its result could not be journaled, and runs again on request (JF-5)."""
+
+    @property
+    def live_by_rule(self) -> str | None:
+        """Why this step runs live by design rather than for want of a record, as a rule id and reason (H-7)."""
+        if not self.replayable:
+            return 'A-9: opted out of replay'
+        if self.redacted:
+            return 'K-8: its recorded result held a registered secret'
+        if self.rerun:
+            return 'JF-5: its result could not be journaled; rerun on request (rerun_unjournalable=True)'
+        return None
+
+    @contextmanager
+    def executing(self) -> Iterator[None]:
+        """Mark this step's live body as running, so agent runs started inside it nest under it (R-4)."""
+        token = _EXECUTING.set(self)
+        try:
+            yield
+        finally:
+            _EXECUTING.reset(token)
+
+    async def start(self) -> None:
+        """Call right before the live body: stops the attempt if it may no longer run steps (B-10, JF-2)."""
+        await self.run.attempt.ensure(self.run.state)
+        self.reached('before_body')
+
+    async def record(
+        self, payload: Any, *, to_record: Callable[[Any], Any] | None = None, spend: dict[str, Any] | None = None
+    ) -> bool:
+        """Save the live result; see `Run.record`."""
+        return await self.run.record(self, payload, to_record=to_record, spend=spend)
+
+    async def keep(self) -> None:
+        """Write a step replayed by arguments at its own position; see `Run.keep`."""
+        await self.run.keep(self)
+
+    def reached(self, point: StepPoint) -> None:
+        """Tell the observer (if any) that a live step reached one of its boundaries."""
+        observer = STEP_OBSERVER.get()
+        if observer is not None:
+            observer(self, point)
+
+    def failed(self, error: BaseException) -> None:
+        """Note that the body raised; see `Run.note_error`."""
+        self.run.note_error(self, error)
+
+    def reject(self, reason: str = 'recorded result no longer loads') -> None:
+        """Undo a replay whose payload no longer decodes, or no longer holds (DV-1); see `Run.reject`."""
+        self.run.reject(self, reason)

@@ -1,0 +1,179 @@
+"""The package's layout, as docs/architecture.md draws it: imports run one way, and no module grows past a limit.
+
+Read from the sources with `ast` (docs/import_graph.py), so an import under `if TYPE_CHECKING:` counts: a
+circle only the type checker sees still means its modules can only be understood together. A new module
+must be placed in one of `LAYERS` (and in the picture of docs/architecture.md) before this passes.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_graph_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location('import_graph', ROOT / 'docs' / 'import_graph.py')
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+import_graph = _load_graph_script()
+
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ('entry points', frozenset({'__init__', '__main__', '_cli', 'testing'})),
+    ('the capability', frozenset({'_capability'})),
+    ('the step executors', frozenset({'_backend', '_leaf', '_output', '_discovery'})),
+    ('the active run and the execution scope', frozenset({'_active_run', '_execution'})),
+    (
+        'the pydantic-ai side of a step',
+        frozenset(
+            {
+                '_step_runner',
+                '_ledger',
+                '_usage',
+                '_usage_math',
+                '_fingerprint',
+                '_tracing',
+                '_payloads',
+                '_codec',
+                '_masking',
+                '_compat',
+                '_warm',
+            }
+        ),
+    ),
+    ('the journal core', frozenset({'_journal'})),
+    ('the journal backends', frozenset({'journals'})),
+    ('the errors', frozenset({'_errors'})),
+)
+"""Top to bottom: a module imports modules of its own layer or of a layer below it, never above."""
+
+FRAMEWORK = frozenset({'pydantic_ai', 'pydantic', 'pydantic_core'})
+NEUTRAL = ('_journal', 'journals', '_errors')
+"""Framework-neutral: they know positions, names, fingerprints and JSON payloads, and import no pydantic."""
+FAST = ('__init__', '__main__', '_cli', 'testing', 'testing._plugin')
+"""Loaded without pydantic-ai, which takes seconds to import: the package itself, the CLI, the pytest plugin."""
+
+LINE_LIMIT = 500
+OVER_THE_LIMIT: dict[str, str] = {}
+"""Modules allowed past `LINE_LIMIT`, each with the reason splitting it would cut one concept in two (none)."""
+
+
+def _top(name: str) -> str:
+    return name.split('.')[0]
+
+
+def _rank(name: str) -> int:
+    for rank, (_, members) in enumerate(LAYERS):
+        if _top(name) in members:
+            return rank
+    raise AssertionError(
+        f'module {name} is in no layer: add it to LAYERS in tests/test_layout.py and to docs/architecture.md'
+    )
+
+
+def _edges() -> list[Any]:
+    return import_graph.edges()  # type: ignore[no-any-return]
+
+
+def _within(name: str, roots: Iterable[str]) -> bool:
+    return any(name == root or name.startswith(f'{root}.') for root in roots)
+
+
+def test_no_import_circle_not_even_through_type_checking_imports() -> None:
+    circles = import_graph.cycles(import_graph.graph())
+    assert not circles, f'import circles (TYPE_CHECKING imports included): {circles}'
+
+
+def test_the_circle_check_sees_type_checking_and_deferred_imports(tmp_path: Path) -> None:
+    (tmp_path / '__init__.py').write_text('"""A package."""\n')
+    (tmp_path / 'low.py').write_text(
+        '"""Low."""\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .high import High\n'
+    )
+    (tmp_path / 'high.py').write_text('"""High."""\nfrom .low import Low\ndef later():\n    from . import side\n')
+    (tmp_path / 'side.py').write_text('"""Side."""\nfrom . import high\n')
+    deps = import_graph.graph(tmp_path)
+    assert deps['low'] == {'high': {'typing'}}
+    assert deps['high'] == {'low': {'import'}, 'side': {'deferred'}}
+    assert import_graph.cycles(deps) == [['high', 'low', 'side']]
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for name in import_graph.modules():
+        _rank(name)
+
+
+def test_imports_run_one_way_from_the_capability_down_to_the_journal_backends() -> None:
+    against = [
+        f'{edge.source} ({LAYERS[_rank(edge.source)][0]}) imports {edge.target} ({LAYERS[_rank(edge.target)][0]}), '
+        f'line {edge.line}, {edge.how}'
+        for edge in _edges()
+        if not edge.outside and _rank(edge.target) < _rank(edge.source)
+    ]
+    assert not against, 'imports against the flow of docs/architecture.md:\n' + '\n'.join(against)
+
+
+def test_only_the_entry_points_know_the_capability() -> None:
+    knowing = sorted(
+        {edge.source for edge in _edges() if edge.target == '_capability' and _top(edge.source) != '_capability'}
+    )
+    assert set(knowing) <= {'__init__', 'testing._child'}, f'modules that import _capability: {knowing}'
+
+
+def test_the_journal_core_and_backends_import_no_pydantic() -> None:
+    found = [
+        f'{edge.source} imports {edge.target} (line {edge.line})'
+        for edge in _edges()
+        if edge.outside and edge.target in FRAMEWORK and _within(edge.source, NEUTRAL)
+    ]
+    assert not found, 'the journal core and backends must stay framework-neutral:\n' + '\n'.join(found)
+
+
+def test_the_package_the_cli_and_the_pytest_plugin_load_without_pydantic_ai() -> None:
+    needed: dict[str, set[str]] = {}
+    pydantic_ai: set[str] = set()
+    for edge in _edges():
+        if edge.how == 'typing':
+            continue  # never runs
+        if edge.outside:
+            if edge.target == 'pydantic_ai':
+                pydantic_ai.add(edge.source)
+        else:
+            needed.setdefault(edge.source, set()).add(edge.target)
+    for start in FAST:
+        path, seen, waiting = {start: [start]}, {start}, [start]
+        while waiting:
+            current = waiting.pop()
+            assert current not in pydantic_ai, f'{start} imports pydantic-ai through {" -> ".join(path[current])}'
+            for target in sorted(needed.get(current, ())):
+                if target not in seen:
+                    seen.add(target)
+                    path[target] = [*path[current], target]
+                    waiting.append(target)
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    sizes = {name: len(path.read_text(encoding='utf-8').splitlines()) for name, path in import_graph.modules().items()}
+    over = {name: size for name, size in sizes.items() if size > LINE_LIMIT and name not in OVER_THE_LIMIT}
+    assert not over, f'modules over {LINE_LIMIT} lines (split them by concept, see docs/architecture.md): {over}'
+    stale = sorted(name for name in OVER_THE_LIMIT if sizes.get(name, 0) <= LINE_LIMIT)
+    assert not stale, f'OVER_THE_LIMIT names modules that are no longer over it: {stale}'
+
+
+def test_every_module_opens_with_a_docstring_that_names_its_seam() -> None:
+    missing = [
+        name
+        for name, path in import_graph.modules().items()
+        if not ast.get_docstring(ast.parse(path.read_text(encoding='utf-8')))
+    ]
+    assert not missing, f'modules without a docstring: {missing}'
