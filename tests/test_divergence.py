@@ -237,12 +237,14 @@ async def test_dv2_a_recorded_failure_is_not_served_it_runs_live(
         )
 
     await crashed_attempt('order-fail', new_journal(), agent('v1'), model_turn=2)
-    assert done == ['reserve A', 'notify A']
+    assert Counter(done) == Counter({'reserve A': 1, 'notify A': 1})  # parallel calls: either may finish first
 
     service['up'] = True  # the fix that came with the new instructions
     async with execution('order-fail', journal=new_journal()) as handle:
         await agent('v2').run('process order 42')
-    assert done == ['reserve A', 'notify A', 'reserve A']  # the failure ran again (and worked), the notice did not
+    assert Counter(done) == Counter(
+        {'reserve A': 2, 'notify A': 1}
+    )  # the failure ran again (and worked), the notice did not
     assert handle.stats.replayed_by_arguments == Counter(tool=1)
 
 

@@ -102,9 +102,13 @@ class DiskJournal:
     def _open_cache(self) -> Any:
         if self._cache is None:
             cache = open_cache(self.path, self.durability, self.mode)
+            try:
+                check_directory(self.path, self.mode, self.durability)  # refused: nothing is kept open (B-16)
+                self._place = place_of(self.path)
+            except BaseException:
+                cache.close()
+                raise
             self._cache = cache
-            self._place = place_of(self.path)
-            check_directory(self.path, self.mode, self.durability)
         return self._cache
 
     def _writable_cache(self) -> Any:
