@@ -15,7 +15,7 @@ from typing import Any
 
 from ._records import parse_entry
 
-__all__ = ('Pool', 'gather_pool')
+__all__ = ('Pool', 'gather_pool', 'matchable')
 
 
 @dataclass
@@ -69,12 +69,12 @@ def gather_pool(
 ) -> Pool:
     """The recorded tool results this attempt has not used, from the entries and the run record `pool` (DV-2).
 
-    `stored` is the `pool` record, `recorded` every readable entry of the run, `waiting` those still waiting at
-    a position this run may replay (it has not diverged), which are left to that position, and `used` the
-    origins this attempt replayed already. A result serves later calls only when it stands for a completed
-    call: not one whose record holds only masked secrets (K-8), and not a payload `serves` does not count as
-    a result (a recorded retry or failure would lead down the old error path). A fence (JF-5) is kept: a call
-    that matches it stops, as at its position.
+    `stored` is the `pool` record, `recorded` the run's recorded entries (the `matchable` ones suffice),
+    `waiting` those still waiting at a position this run may replay (it has not diverged), which are left to
+    that position, and `used` the origins this attempt replayed already. A result serves later calls only
+    when it stands for a completed call: not one whose record holds only masked secrets (K-8), and not a
+    payload `serves` does not count as a result (a recorded retry or failure would lead down the old error
+    path). A fence (JF-5) is kept: a call that matches it stops, as at its position.
     """
     candidates: list[tuple[int, dict[str, Any]]] = []
     items = stored.get('entries') if stored is not None else None
@@ -89,17 +89,17 @@ def gather_pool(
     seen = used | {entry.get('origin') for entry in waiting}
     for position, entry in candidates:
         origin = entry.get('origin')
-        if (
-            entry['kind'] != 'tool'
-            or not isinstance(origin, str)
-            or not isinstance(entry.get('call'), str)
-            or origin in seen
-            or not _serves(entry, serves)
-        ):
+        if not matchable(entry) or origin in seen or not _serves(entry, serves):
             continue
         seen.add(origin)
         pool.add(position, {key: value for key, value in entry.items() if key != 'position'})
     return pool
+
+
+def matchable(entry: Mapping[str, Any]) -> bool:
+    """Whether an entry is a tool result with the call and origin argument matching needs (entries of
+    releases before DV-2 have neither)."""
+    return entry['kind'] == 'tool' and isinstance(entry.get('origin'), str) and isinstance(entry.get('call'), str)
 
 
 def _serves(entry: dict[str, Any], serves: Callable[[Any], bool]) -> bool:

@@ -19,7 +19,7 @@ from .._errors import JournalError, JournalUnavailable, ReplayDiverged, ResultNo
 from ..journals._protocol import RunSnapshot
 from ._attempt_view import AttemptView, JournalState
 from ._fences import ErrorNotes, RunMeta, honour_unjournalable, next_meta
-from ._pool import Pool, gather_pool
+from ._pool import Pool, gather_pool, matchable
 from ._records import ENTRY_VERSION, Kind, latest_spend, one_line, parse_entry, readable
 from ._stats import Divergence, Stats, StepOutcome
 from ._step import Step
@@ -77,8 +77,11 @@ class Run:
                 key,
                 sorted(unreadable),
             )
-        self._recorded = dict(self._entries)
-        """Every readable entry of the snapshot; claims pop `_entries`, this stays whole for DV-2 and DV-3."""
+        self._recorded = frozenset(self._entries)
+        """Positions of every readable entry of the snapshot; claims pop `_entries`, this stays whole (DV-2, DV-3)."""
+        self._results = {position: entry for position, entry in self._entries.items() if matchable(entry)}
+        """The recorded tool results argument matching may hand out (DV-2): kept whole, not every entry, so a
+        replay holds only what it may still need once its claims popped `_entries` (PERF-3)."""
         self._meta = RunMeta.parse(self._record('meta'))
         self.spend_snapshot = latest_spend(
             [self._record('usage'), *(entry.get('usage') for entry in self._entries.values())]
@@ -250,9 +253,7 @@ class Run:
         With `protect`, results not yet in the `pool` record are written there before this attempt writes
         over any position (`_protect_pool`).
         """
-        pool = gather_pool(
-            self._record('pool'), self._recorded, self._entries.values(), self._used, self.attempt.serves
-        )
+        pool = gather_pool(self._record('pool'), self._results, self._entries.values(), self._used, self.attempt.serves)
         if protect and pool.unkept():
             self._unsaved_pool = pool.saved
         return pool

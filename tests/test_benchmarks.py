@@ -1,0 +1,58 @@
+"""The benchmark scripts still run (PERF-4), each in its smallest form, in a child process as a user runs them.
+
+Nothing here times anything: the figures are the scripts' job. What this catches is a script that rotted
+behind a change of the package, as `durability_power.py` did when writes became fenced (it raised at its
+first write) and `agent_overhead.py` did when its pass-through hook went stale (its "durable layer only"
+row measured a journal). `argument_matching.py` is left out: it counts instructions under valgrind over two
+git trees, a minute even at its smallest.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pg import _find_binaries
+
+ROOT = Path(__file__).resolve().parent.parent
+POSTGRES = _find_binaries() is not None
+
+CASES = {
+    'agent_overhead': (['--smoke'], 'peak memory per round trip at N=5'),
+    'durability_power': (['--writes', '5', '--steps', '2', '--rounds', '1'], 'of which the journal adds'),
+    'fingerprint': ([], 'speed-up'),
+    'retention': (
+        ['--n', '20', '--rounds', '1', *([] if POSTGRES else ['--no-postgres'])],
+        'expired journal after 1 executions',
+    ),
+    'concurrency': (
+        ['--n', '5', '--processes', '0', '--configs', 'bare,disk,postgres' if POSTGRES else 'bare,disk'],
+        'one DiskJournal | 5 |',
+    ),
+}
+
+
+def test_perf4_every_benchmark_script_is_covered_here() -> None:
+    scripts = {path.stem for path in (ROOT / 'benchmarks').glob('*.py')}
+    assert scripts - {'argument_matching'} == set(CASES), 'add the new benchmark script to CASES'
+
+
+@pytest.mark.parametrize('script', sorted(CASES))
+def test_perf4_benchmark_script_runs(script: str, tmp_path: Path) -> None:
+    arguments, expected = CASES[script]
+    env = {**os.environ, 'PYTHONPATH': str(ROOT)}
+    env.pop('PYDANTIC_AI_DURABLE_PG_DSN', None)  # the scripts start their own server
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / 'benchmarks' / f'{script}.py'), *arguments],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f'{script}.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}'
+    assert expected in proc.stdout, proc.stdout[-2000:]
+    assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
