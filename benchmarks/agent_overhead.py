@@ -48,7 +48,7 @@ TEXTS = [_text(seed) for seed in range(64)]
 """Tool results of 200-2,000 characters."""
 
 
-def build_agent(steps: int, capabilities: list[Any]) -> Agent[None, str]:
+def build_agent(steps: int, capabilities: list[Any], model_name: str = 'bench') -> Agent[None, str]:
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         # The answer depends only on the last message, and usage is reported like a real provider does
         # (a FunctionModel without usage would estimate tokens over the whole history at every step).
@@ -64,7 +64,7 @@ def build_agent(steps: int, capabilities: list[Any]) -> Agent[None, str]:
         return TEXTS[page % len(TEXTS)]
 
     return Agent(
-        FunctionModel(model, model_name='bench'),
+        FunctionModel(model, model_name=model_name),  # a priced name (gpt-4o) makes every response priced
         name='bench',
         toolsets=[FunctionToolset([fetch], id='pages')],
         capabilities=capabilities,

@@ -2,6 +2,7 @@
 
     python benchmarks/argument_matching.py                 # N = 20, 3 runs per tree: about 6 minutes
     python benchmarks/argument_matching.py --base REV -n 50 -r 5 --gc on
+    python benchmarks/argument_matching.py --base d027bf1 --phases replay --model-name gpt-4o   # X-4
 
 A run that never diverges still pays for what DV-2 needs from every step: a second digest of each tool
 call (name and arguments without the call id), two more fields in each tool entry (`call`, `origin`),
@@ -19,6 +20,9 @@ change), so each tree runs several times, alternately, and the script prints the
 
 Phases: "record" is a first attempt (every step runs live and is recorded); "replay" is a second attempt
 of the same execution (every step replays). Neither diverges, so neither ever matches by arguments.
+`--model-name` names the workload's model: the default is unknown to genai-prices, `gpt-4o` makes every
+response priced (what X-4 saves on a replay). The script serves any change whose cost is wanted in
+instructions: `--base` is any revision.
 """
 
 from __future__ import annotations
@@ -46,7 +50,9 @@ def _toggle(state: str) -> None:
     subprocess.run(['callgrind_control', '-i', state, str(os.getpid())], check=True, capture_output=True)
 
 
-async def _child(phase: str, journal_kind: str, steps: int, directory: Path, collect_garbage: bool) -> None:
+async def _child(
+    phase: str, journal_kind: str, steps: int, directory: Path, collect_garbage: bool, model_name: str
+) -> None:
     """Run one attempt (and the one before it, for a replay) with callgrind collecting only the measured one."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from agent_overhead import LIMITS, build_agent
@@ -66,7 +72,7 @@ async def _child(phase: str, journal_kind: str, steps: int, directory: Path, col
 
     async def attempt(target: Journal, key: str) -> None:
         async with execution(key, journal=target, cleanup=keep):
-            await build_agent(steps, [Durable()]).run('go', usage_limits=LIMITS)
+            await build_agent(steps, [Durable()], model_name).run('go', usage_limits=LIMITS)
 
     await attempt(journal('warm'), 'warm-up')  # imports, encoders, caches: the same for both trees
     measured = journal('measured')
@@ -90,7 +96,9 @@ def _base_tree(revision: str, into: Path) -> Path:
     return into
 
 
-def _instructions(tree: Path, phase: str, journal_kind: str, steps: int, directory: Path, gc_mode: str) -> int:
+def _instructions(
+    tree: Path, phase: str, journal_kind: str, steps: int, directory: Path, gc_mode: str, model_name: str
+) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / f'callgrind.{tree.name}.{phase}.{journal_kind}.{gc_mode}'
     env = {**os.environ, 'PYTHONPATH': str(tree), 'PYTHONHASHSEED': '0'}
@@ -110,6 +118,8 @@ def _instructions(tree: Path, phase: str, journal_kind: str, steps: int, directo
         str(directory / f'{tree.name}-{phase}-{journal_kind}-{gc_mode}'),
         '--gc',
         gc_mode,
+        '--model-name',
+        model_name,
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
@@ -127,31 +137,36 @@ def main() -> None:
     parser.add_argument('-n', type=int, default=20, help='tool-call round trips per run (default: %(default)s)')
     parser.add_argument('-r', '--repeats', type=int, default=3, help='runs of each tree (default: %(default)s)')
     parser.add_argument('--gc', choices=GC_MODES, default='off', help='garbage collection while measuring')
+    parser.add_argument('--phases', nargs='+', choices=PHASES, default=list(PHASES), help='phases to measure')
+    parser.add_argument('--model-name', default='bench', help="the workload's model name (default: %(default)s)")
     parser.add_argument('--child', nargs=2, metavar=('PHASE', 'JOURNAL'), help=argparse.SUPPRESS)
     parser.add_argument('--dir', type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         args.dir.mkdir(parents=True, exist_ok=True)
-        asyncio.run(_child(args.child[0], args.child[1], args.n, args.dir, args.gc == 'on'))
+        asyncio.run(_child(args.child[0], args.child[1], args.n, args.dir, args.gc == 'on', args.model_name))
         return
     with tempfile.TemporaryDirectory(prefix='argument-matching-') as tmp:
         directory = Path(tmp)
         trees = {f'base {args.base}': _base_tree(args.base, directory / 'base'), 'this checkout': ROOT}
         print(
             f'Instructions per round trip (callgrind; one model request + one tool call), N = {args.n}, '
-            f'median of {args.repeats} runs per tree, run alternately; garbage collection {args.gc}. '
+            f'median of {args.repeats} runs per tree, run alternately; garbage collection {args.gc}; '
+            f'model {args.model_name!r}. '
             '"spread" is max - min over the runs of one tree: identical code differs by that much from run '
             'to run (call ids, timestamps, object addresses).'
         )
         names = list(trees)
         header = f'{"phase":<7} {"journal":<7} ' + ' '.join(f'{name:>16} {"spread":>8}' for name in names)
         print(header + f' {"added":>16}')
-        for phase in PHASES:
+        for phase in args.phases:
             for journal_kind in JOURNALS:
                 runs: dict[str, list[float]] = {name: [] for name in names}
                 for repeat in range(args.repeats):
                     for name, tree in trees.items():
-                        count = _instructions(tree, phase, journal_kind, args.n, directory / str(repeat), args.gc)
+                        count = _instructions(
+                            tree, phase, journal_kind, args.n, directory / str(repeat), args.gc, args.model_name
+                        )
                         runs[name].append(count / args.n)
                 medians = [statistics.median(runs[name]) for name in names]
                 spreads = [max(runs[name]) - min(runs[name]) for name in names]

@@ -29,11 +29,12 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
 from ._active_run import ActiveRun, active_run
-from ._codec import HOLD_RESPONSES, Unencoded
+from ._codec import HOLD_RESPONSES, Loaded, Unencoded, hands_on_loaded
 from ._discovery import is_discovery, verify_listing
 from ._errors import JournalError, ResultNotJournalable
 from ._fingerprint import fingerprint_event, tool_call_digests
-from ._step_runner import Decoder, replay, replay_tool, run_live
+from ._journal import Step
+from ._step_runner import Decoder, Replay, replay, replay_tool, run_live
 from ._tracing import replayed
 from ._usage import NestedUsage, without_operation_usage
 from ._warm import warm
@@ -71,6 +72,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         self._names = (agent_name, default_model_id)
         self._opted_out = opted_out
         self._decoders: dict[DurableOperationId, Decoder] = {}
+        self._hands_on: set[DurableOperationId] = set()  # operations a replay returns `Loaded` to (X-4)
         self._bound: dict[DurableOperationId, BoundDurableOperation[Any, Any, Any]] = {}
 
     def serves(self, owner: object, agent_name: str, default_model_id: str | None) -> bool:
@@ -84,14 +86,24 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         on the operation, so one per operation serves every request. A handler that is a new closure (a
         toolset's) replaces the previous binding, so this keeps one binding per operation id. The decoder
         is kept too: pydantic-ai decodes a payload only after `execute` returns, too late to fall back to a
-        live call, so a replay is decoded first and rejected if it no longer loads (X-1).
+        live call, so a replay is decoded first and rejected if it no longer loads (X-1), and the value
+        decoded then is what `execute` hands on where the result codec lets it through (X-4).
         """
-        bound = self._bound.get(operation.operation_id)
+        operation_id = operation.operation_id
+        bound = self._bound.get(operation_id)
         if bound is None or bound.operation.handler != operation.handler:
-            bound = self._bound[operation.operation_id] = super().bind(operation)
-            warm(operation.operation_id, bound)  # UW-3: before the first request, not inside its window
-        self._decoders[operation.operation_id] = bound.operation.result_codec.load
+            bound = self._bound[operation_id] = super().bind(operation)
+            warm(operation_id, bound)  # UW-3: before the first request, not inside its window
+            load = self._decoders[operation_id] = bound.operation.result_codec.load
+            if hands_on_loaded(load):
+                self._hands_on.add(operation_id)
+            else:
+                self._hands_on.discard(operation_id)
         return bound
+
+    def _handed_on(self, operation_id: DurableOperationId, step: Step, done: Replay) -> object:
+        """What `execute` returns for a replayed step: its decoded value where the codec passes it (X-4)."""
+        return Loaded(done.value) if operation_id in self._hands_on else step.payload
 
     async def execute(
         self,
@@ -112,7 +124,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
             return await body()  # inert (R-1), or argument validation: local and free, no position (P-7)
         decode = self._decoders.get(operation_id)
         if isinstance(operation_id, ModelRequestId):
-            return await self._model_step(active, name, body, cache_key, decode)
+            return await self._model_step(active, operation_id, name, body, cache_key, decode)
         # Discovery, events, capability operations and ids of future releases. An event has a fingerprint
         # so it replays at its position whatever ran before it (FP-14); the others follow M-5.
         fingerprint = fingerprint_event(cache_key[0]) if isinstance(operation_id, EventStreamHandlerId) else None
@@ -120,13 +132,15 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         operation = isinstance(operation_id, CapabilityOperationId)
         if step.replayed and is_discovery(operation_id):
             return await verify_listing(step, operation_id, body)  # DV-1: checked against a fresh listing
-        if replay(step, decode):
-            return without_operation_usage(step.payload) if operation else step.payload  # U-16
+        done = replay(step, decode)
+        if done is not None:
+            return without_operation_usage(step.payload) if operation else self._handed_on(operation_id, step, done)
         return await run_live(step, body, spend=active.spend.operation_finished if operation else None)
 
     async def _model_step(
         self,
         active: ActiveRun,
+        operation_id: DurableOperationId,
         name: str,
         body: Callable[[], Awaitable[object]],
         cache_key: tuple[object, ...],
@@ -146,14 +160,16 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         continuation = ledger.begin_model_request(messages)
         had_credit = ledger.settle()
         step = active.run.claim(name, 'model', fingerprint)
-        response = _response_of(step.payload, decode) if step.replayed else None
-        if response is not None:
+        decoded = _decoded_response(step.payload, decode) if step.replayed else None
+        if decoded is not None:
+            value, response = decoded
+            # The response handed on is the one priced here (U-3), so pydantic-ai does not price it again.
             ledger.record_model_replay(response, continuation=continuation)
             ledger.track_chain(response, params)
             if response.state != 'suspended':
                 ledger.credit_successors(active.run, step.position)
             replayed(step)
-            return step.payload
+            return self._handed_on(operation_id, step, Replay(value))
         step.reject()  # a no-op unless a replayed payload no longer loads (X-1, X-3)
         ledger.record_live_model_request(had_request_credit=had_credit)  # may stop the request (U-13)
         await active.spend.request_sent(continuation=continuation)
@@ -171,7 +187,8 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         def spent(payload: object) -> dict[str, Any] | None:
             if responses:
                 return None  # written when the response arrived
-            responses.append(_response_of(payload, decode))  # another pydantic-ai encoded it itself
+            decoded = _decoded_response(payload, decode)  # another pydantic-ai encoded it itself
+            responses.append(decoded[1] if decoded is not None else None)
             return active.spend.response_received(responses[0], continuation=continuation)
 
         token = HOLD_RESPONSES.set(True)
@@ -198,8 +215,9 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         fingerprint, call = tool_call_digests(cast(str, tool_name), args, tool_call_id)
         replayable = tool_is_replayable(tool) and not self._opted_out(operation_id.toolset_id)
         step = active.run.claim(name, 'tool', fingerprint, replayable=replayable, call=call)
-        if await replay_tool(step, self._decoders.get(operation_id), active.ledger):
-            return step.payload
+        done = await replay_tool(step, self._decoders.get(operation_id), active.ledger)
+        if done is not None:
+            return self._handed_on(operation_id, step, done)
         active.ledger.record_live_tool_call(step.position, call=call)  # re-checks a credited limit before the effect
         nested = NestedUsage(ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
         try:
@@ -224,13 +242,16 @@ def _naming_the_tool(tool_name: str) -> Iterator[None]:
         raise JournalError(message) from exc
 
 
-def _response_of(payload: object, decode: Decoder | None) -> ModelResponse | None:
-    """The `ModelResponse` inside a model payload (a streamed payload may wrap it under `"response"`)."""
+def _decoded_response(payload: object, decode: Decoder | None) -> tuple[object, ModelResponse] | None:
+    """A model payload decoded, with the `ModelResponse` in it (a streamed result wraps it under `response`).
+
+    `None` when the payload no longer loads or holds no response: a replay is then rejected (X-1).
+    """
     try:
         value = decode(payload) if decode is not None else payload
     except (TypeError, ValueError):
         return None
     if isinstance(value, ModelResponse):
-        return value
+        return value, value
     inner = getattr(value, 'response', None)
-    return inner if isinstance(inner, ModelResponse) else None
+    return (value, inner) if isinstance(inner, ModelResponse) else None

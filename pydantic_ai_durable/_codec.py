@@ -1,12 +1,14 @@
 """The codec pydantic-ai encodes every step's result with: its JSON codec plus the journal's own limits.
 
 pydantic-ai calls the engine's codec (`DurabilityEngineSpec.codec`, public API) inside each durable unit,
-so this is where a result the journal cannot hold is refused, once for every kind of step, and where the
-live model step picks up the response it just encoded instead of decoding its payload a second time.
+so this is where a result the journal cannot hold is refused, once for every kind of step, where the
+live model step picks up the response it just encoded instead of decoding its payload a second time, and
+where a replay hands on the value its load check already decoded (X-4).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +22,15 @@ from ._journal import current_step
 from ._payloads import why_not_journalable
 from .journals import _json
 
-__all__ = ('HOLD_RESPONSES', 'JOURNAL_CODEC', 'JournalCodec', 'Unencoded', 'not_journalable')
+__all__ = (
+    'HOLD_RESPONSES',
+    'JOURNAL_CODEC',
+    'JournalCodec',
+    'Loaded',
+    'Unencoded',
+    'hands_on_loaded',
+    'not_journalable',
+)
 
 HOLD_RESPONSES: ContextVar[bool] = ContextVar('pydantic_ai_durable.hold_responses', default=False)
 """True while a live model step's body runs: its response comes back unencoded, so the step can write the
@@ -69,7 +79,33 @@ class JournalCodec:
         return encoded
 
     def load(self, tp: Any, payload: Any) -> Any:
+        if type(payload) is Loaded:
+            return payload.value  # decoded once already, by the replay's load check (X-4)
         return JSON_CODEC.load(tp, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A replayed payload as the load check before the replay decoded it (X-1), handed on as it is (X-4).
+
+    pydantic-ai loads whatever `execute` returns; a `Loaded` passes through `JournalCodec.load` untouched,
+    so a replayed step is decoded once, not twice, and the value pydantic-ai gets is the one checked.
+    """
+
+    value: Any
+
+
+def hands_on_loaded(load: Callable[[object], object]) -> bool:
+    """Whether a bound operation's result `load` ends in `JournalCodec.load`, so a `Loaded` may be returned.
+
+    Operations whose result codec is pydantic-ai's own (capability operations) would try to validate it;
+    one probe per binding tells them apart without knowing how pydantic-ai builds each codec.
+    """
+    probe = object()
+    try:
+        return load(Loaded(probe)) is probe
+    except Exception:
+        return False
 
 
 @dataclass(frozen=True)

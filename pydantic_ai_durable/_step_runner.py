@@ -9,6 +9,7 @@ run's failure fence (W-5). Those rules live here once, below the executors that 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ResultNotJournalable
@@ -18,39 +19,50 @@ from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode
 from ._tracing import replayed, traced
 from ._usage_math import is_successful_tool_payload
 
-__all__ = ('Decoder', 'replay', 'replay_tool', 'run_live', 'run_live_call')
+__all__ = ('Decoder', 'Replay', 'replay', 'replay_tool', 'run_live', 'run_live_call')
 
 Decoder = Callable[[object], object]
 """Loads a recorded payload as pydantic-ai will; raises `TypeError`/`ValueError` when it no longer loads."""
 
 
-async def replay_tool(step: Step, decode: Decoder | None, ledger: ReplayUsageLedger | None) -> bool:
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A claimed step that replays, with what its decoder returned for the payload (the payload without one)."""
+
+    value: object
+
+
+async def replay_tool(step: Step, decode: Decoder | None, ledger: ReplayUsageLedger | None) -> Replay | None:
     """`replay` for a tool step: cancel what pydantic-ai counts for it, and keep a replay by arguments (DV-2).
 
     A replay by arguments is written at its new position, so the next attempt of the same agent replays
     it by position. `ledger` is `None` for steps pydantic-ai does not count as tool calls (output functions).
     """
-    if not replay(step, decode):
-        return False
+    done = replay(step, decode)
+    if done is None:
+        return None
     if ledger is not None and is_successful_tool_payload(step.payload):
         ledger.record_tool_replay(step.position, call=step.call if step.by_arguments else None)
     if step.by_arguments:
         await step.keep()
-    return True
+    return done
 
 
-def replay(step: Step, decode: Decoder | None) -> bool:
-    """Whether a claimed step replays: it matched and its payload still decodes; else it is rejected (X-1, X-2)."""
+def replay(step: Step, decode: Decoder | None) -> Replay | None:
+    """A claimed step replays if it matched and its payload still decodes; else it is rejected (X-1, X-2).
+
+    The decoded value comes back with it, so the executor can hand it on instead of having it decoded
+    again (X-4).
+    """
     if not step.replayed:
-        return False
+        return None
     try:
-        if decode is not None:
-            decode(step.payload)
+        value = decode(step.payload) if decode is not None else step.payload
     except (TypeError, ValueError):
         step.reject()
-        return False
+        return None
     replayed(step)  # its span says so (TR-1)
-    return True
+    return Replay(value)
 
 
 async def run_live(

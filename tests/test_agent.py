@@ -509,6 +509,37 @@ async def test_x2_unloadable_tool_payload_diverges_from_there(new_journal: Any) 
     assert (calls['model'], calls['tool']) == (3, 2)
 
 
+async def test_x4_a_replay_decodes_each_recorded_payload_once(
+    new_journal: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The value the X-1 check decoded is the one pydantic-ai gets: each payload is loaded once, not twice."""
+    from pydantic_ai.durable_exec import JSON_CODEC as json_codec
+    from pydantic_ai.durable_exec import CallToolResult
+
+    import pydantic_ai_durable._codec as codec
+
+    loads: list[str] = []
+
+    class Counting:
+        def dump(self, tp: Any, value: Any) -> Any:
+            return json_codec.dump(tp, value)
+
+        def load(self, tp: Any, payload: Any) -> Any:
+            loads.append('tool' if tp is CallToolResult else getattr(tp, '__name__', str(tp)))
+            return json_codec.load(tp, payload)
+
+    calls = Calls()
+    async with execution('x4', cleanup='keep'):
+        first = await five_turn_agent(new_journal(), calls, broken=False).run('go')
+    monkeypatch.setattr(codec, 'JSON_CODEC', Counting())
+    async with execution('x4') as handle:
+        again = await five_turn_agent(new_journal(), calls, broken=False).run('go')
+    assert again.output == first.output == 'done 1,done 2,done 3,done 4,done 5'
+    assert (calls['model'], calls['tool']) == (6, 5)  # nothing ran again
+    assert handle.stats.replayed == {'model': 6, 'tool': 5}
+    assert sorted(loads) == ['ModelResponse'] * 6 + ['tool'] * 5  # twice as many before X-4
+
+
 # -- E. cleanup --------------------------------------------------------------------------------------
 
 
