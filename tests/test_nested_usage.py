@@ -76,8 +76,8 @@ def parent(how: str, durable_delegate: bool) -> Agent[None, str]:
 
 
 def usage_of(result: Any) -> RunUsage:
-    usage = result.usage
-    return usage() if callable(usage) else usage
+    usage = result.usage  # a method in old releases; 2.68's property value is callable too, but deprecated so
+    return usage if isinstance(usage, RunUsage) else usage()
 
 
 async def tool_plain() -> Any:
