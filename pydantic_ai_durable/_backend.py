@@ -34,7 +34,7 @@ from ._discovery import is_discovery, verify_listing
 from ._errors import JournalError, ResultNotJournalable
 from ._fingerprint import fingerprint_event, tool_call_digests
 from ._journal import Step
-from ._step_runner import Decoder, Replay, replay, replay_tool, run_live
+from ._step_runner import Decoder, replay, replay_tool, run_live
 from ._tracing import replayed
 from ._usage import NestedUsage, without_operation_usage
 from ._warm import warm
@@ -101,9 +101,9 @@ class DurableBackend(JournalCallableOperationBackend[None]):
                 self._hands_on.discard(operation_id)
         return bound
 
-    def _handed_on(self, operation_id: DurableOperationId, step: Step, done: Replay) -> object:
-        """What `execute` returns for a replayed step: its decoded value where the codec passes it (X-4)."""
-        return Loaded(done.value) if operation_id in self._hands_on else step.payload
+    def _handed_on(self, operation_id: DurableOperationId, step: Step, value: object) -> object:
+        """What `execute` returns for a replayed step: its decoded `value` where the codec passes it (X-4)."""
+        return Loaded(value) if operation_id in self._hands_on else step.payload
 
     async def execute(
         self,
@@ -133,8 +133,10 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         if step.replayed and is_discovery(operation_id):
             return await verify_listing(step, operation_id, body)  # DV-1: checked against a fresh listing
         done = replay(step, decode)
+        if done is not None and operation:
+            return without_operation_usage(step.payload)  # U-16
         if done is not None:
-            return without_operation_usage(step.payload) if operation else self._handed_on(operation_id, step, done)
+            return self._handed_on(operation_id, step, done.value)
         return await run_live(step, body, spend=active.spend.operation_finished if operation else None)
 
     async def _model_step(
@@ -169,7 +171,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
             if response.state != 'suspended':
                 ledger.credit_successors(active.run, step.position)
             replayed(step)
-            return self._handed_on(operation_id, step, Replay(value))
+            return self._handed_on(operation_id, step, value)
         step.reject()  # a no-op unless a replayed payload no longer loads (X-1, X-3)
         ledger.record_live_model_request(had_request_credit=had_credit)  # may stop the request (U-13)
         await active.spend.request_sent(continuation=continuation)
@@ -217,7 +219,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         step = active.run.claim(name, 'tool', fingerprint, replayable=replayable, call=call)
         done = await replay_tool(step, self._decoders.get(operation_id), active.ledger)
         if done is not None:
-            return self._handed_on(operation_id, step, done)
+            return self._handed_on(operation_id, step, done.value)
         active.ledger.record_live_tool_call(step.position, call=call)  # re-checks a credited limit before the effect
         nested = NestedUsage(ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
         try:

@@ -76,7 +76,7 @@ def parent(how: str, durable_delegate: bool) -> Agent[None, str]:
 
 
 def usage_of(result: Any) -> RunUsage:
-    usage = result.usage  # a method in old releases; 2.68's property value is callable too, but deprecated so
+    usage = result.usage  # a `RunUsage`; older releases had a method, and calling 2.68's value is deprecated
     return usage if isinstance(usage, RunUsage) else usage()
 
 
