@@ -11,7 +11,7 @@ async with execution('order-42'):
 from typing import TYPE_CHECKING, Any
 
 from ._errors import DurableError, ExecutionBusy, JournalError, JournalUnavailable, LeaseLost, ReplayDiverged
-from ._journal import Stats
+from ._journal import Stats, retry_delay, sweep_interrupted
 from .journals import DiskJournal, ExecutionInfo, Journal, MemoryJournal, PostgresJournal
 
 if TYPE_CHECKING:
@@ -61,6 +61,8 @@ __all__ = (
     'Stats',
     'execution',
     'register_secret',
+    'retry_delay',
+    'sweep_interrupted',
 )
 
 __version__ = '0.1.0'

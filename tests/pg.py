@@ -22,7 +22,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import textwrap
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +39,7 @@ __all__ = [
     'fresh_schema',
     'in_ci',
     'postgres_dsn',
+    'pgbouncer_dsn',
     'put_raw',
     'server_dsn',
 ]
@@ -166,6 +169,9 @@ def _shutdown() -> None:
         for schema in schemas:
             with contextlib.suppress(Exception):
                 drop_schema(dsn, schema)
+    bouncer: _Bouncer | None = _state.pop('bouncer', None)
+    if bouncer is not None:
+        bouncer.stop()
     server: _Server | None = _state.pop('server', None)
     if server is not None:
         server.stop()
@@ -205,6 +211,96 @@ def server_dsn() -> str:
             _unavailable(_state['error'])
         dsn: str = _state['dsn']
         return dsn
+
+
+class _Bouncer:
+    """PgBouncer in transaction-pooling mode in front of the session's server, as most fleets run it (CC-8)."""
+
+    def __init__(self, server_dsn: str) -> None:
+        from psycopg.conninfo import conninfo_to_dict
+
+        target = conninfo_to_dict(server_dsn)
+        self.root = Path(tempfile.mkdtemp(prefix='pydantic-ai-durable-pgbouncer-'))
+        self.port = _free_port()
+        self.as_postgres = hasattr(os, 'geteuid') and os.geteuid() == 0
+        (self.root / 'users.txt').write_text('"postgres" ""\n')
+        (self.root / 'pgbouncer.ini').write_text(
+            textwrap.dedent(
+                f"""
+                [databases]
+                postgres = host={target['host']} port={target['port']} dbname=postgres user=postgres
+
+                [pgbouncer]
+                listen_addr = 127.0.0.1
+                listen_port = {self.port}
+                unix_socket_dir =
+                auth_type = trust
+                auth_file = {self.root / 'users.txt'}
+                pool_mode = transaction
+                max_client_conn = 2000
+                default_pool_size = 20
+                logfile = {self.root / 'pgbouncer.log'}
+                pidfile = {self.root / 'pgbouncer.pid'}
+                """
+            )
+        )
+        if self.as_postgres:
+            shutil.chown(self.root, 'postgres', 'postgres')
+            for path in self.root.iterdir():
+                shutil.chown(path, 'postgres', 'postgres')
+        self.process: subprocess.Popen[bytes] | None = None
+        self.dsn = f'host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=10'
+
+    def start(self) -> None:
+        binary = shutil.which('pgbouncer') or '/usr/sbin/pgbouncer'
+        command = [binary, str(self.root / 'pgbouncer.ini')]
+        if self.as_postgres:
+            command = ['runuser', '-u', 'postgres', '--', *command]
+        self.process = subprocess.Popen(command, cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        import psycopg
+
+        for _ in range(100):
+            if self.process.poll() is not None:
+                error = (self.process.stderr.read() if self.process.stderr else b'').decode(errors='replace')
+                raise RuntimeError(f'pgbouncer exited with code {self.process.returncode}: {error[-2000:]}')
+            try:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    conn.execute('SELECT 1')
+                return
+            except psycopg.OperationalError:
+                time.sleep(0.1)
+        raise RuntimeError(f'pgbouncer did not accept connections on port {self.port}')
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=10)
+            if self.process.poll() is None:
+                self.process.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def pgbouncer_dsn() -> str:
+    """The DSN of a PgBouncer (transaction pooling) in front of the session's server, started on first use.
+
+    Skips without the `pgbouncer` binary (Debian package `pgbouncer`), and fails instead when `CI=true`.
+    """
+    dsn = server_dsn()
+    with _lock:
+        bouncer: _Bouncer | None = _state.get('bouncer')
+        if bouncer is None:
+            if shutil.which('pgbouncer') is None and not Path('/usr/sbin/pgbouncer').exists():
+                _unavailable('No pgbouncer binary was found (Debian package pgbouncer).')
+            bouncer = _Bouncer(dsn)
+            try:
+                bouncer.start()
+            except Exception as exc:
+                bouncer.stop()
+                pytest.fail(f'Starting PgBouncer failed: {exc}', pytrace=False)
+            _state['bouncer'] = bouncer
+            atexit.register(bouncer.stop)
+        return bouncer.dsn
 
 
 def fresh_schema() -> tuple[str, str]:

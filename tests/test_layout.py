@@ -30,6 +30,7 @@ def _load_graph_script() -> ModuleType:
 import_graph = _load_graph_script()
 
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ('the integrations with other engines', frozenset({'celery', 'procrastinate'})),
     ('entry points', frozenset({'__init__', '__main__', '_cli', 'testing'})),
     ('the capability', frozenset({'_capability'})),
     ('the step executors', frozenset({'_backend', '_leaf', '_output', '_discovery'})),
@@ -121,6 +122,16 @@ def test_imports_run_one_way_from_the_capability_down_to_the_journal_backends() 
         if not edge.outside and _rank(edge.target) < _rank(edge.source)
     ]
     assert not against, 'imports against the flow of docs/architecture.md:\n' + '\n'.join(against)
+
+
+def test_the_engine_integrations_use_only_the_public_api() -> None:
+    """`celery` and `procrastinate` are thin modules over what users import themselves (FL-1)."""
+    inside = sorted(
+        f'{edge.source} imports {edge.target} (line {edge.line})'
+        for edge in _edges()
+        if not edge.outside and _top(edge.source) in LAYERS[0][1] and edge.target != '__init__'
+    )
+    assert not inside, 'an integration reaches past the public API:\n' + '\n'.join(inside)
 
 
 def test_only_the_entry_points_know_the_capability() -> None:

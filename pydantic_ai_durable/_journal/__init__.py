@@ -4,7 +4,9 @@ It knows positions, names, kinds, fingerprints and JSON payloads, and nothing of
 replay rule of docs/rules.md (R, P, M, D, W, F, X, C and S) lives here once and is tested without an
 agent. Its modules, bottom up: `_records` (stored shapes), `_stats`, `_lease`, `_attempt_view` (the attempt
 as its runs see it), `_step`, `_pool` (argument matching, DV-2), `_fences` (failure fences), `_run` and
-`_attempt`. The rest of the package imports the names below from here.
+`_attempt`; beside them, for job queues, `_sweep` (hands interrupted executions back) and `_retry` (when
+a task that met a busy, lost or failing journal runs again). The rest of the
+package imports the names below from here.
 """
 
 from ._attempt import Attempt, CleanupMode
@@ -12,8 +14,11 @@ from ._records import ENTRY_VERSION, Kind
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Divergence, Stats, StepOutcome
 from ._step import STEP_OBSERVER, SimulatedCrash, Step, StepPoint, current_step
+from ._retry import retry_delay
+from ._sweep import DISPATCHED, sweep_interrupted
 
 __all__ = (
+    'DISPATCHED',
     'ENTRY_VERSION',
     'STEP_OBSERVER',
     'Attempt',
@@ -29,4 +34,6 @@ __all__ = (
     'StepPoint',
     'check_divergence_mode',
     'current_step',
+    'retry_delay',
+    'sweep_interrupted',
 )

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import threading
 
 from .._errors import DurableError, JournalUnavailable, LeaseLost
@@ -259,6 +260,20 @@ class LeaseRenewer:
                 finished, self._round = self._round, None
             if finished is not None:
                 finished.set_result(None)
+
+
+def _forget_in_child() -> None:
+    """A forked child renews nothing of its parent's, and its own leases need a renewer of their own (CC-7).
+
+    The parent's renewers live on the parent's background loop, whose thread the child does not have: a
+    child that reused one would hold leases nobody renews.
+    """
+    LeaseRenewer._renewers = {}
+    LeaseRenewer._registry = threading.Lock()
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _one_line(error: BaseException, limit: int = 300) -> str:

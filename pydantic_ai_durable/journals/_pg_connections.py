@@ -10,6 +10,9 @@ statement or transaction takes a connection for its own duration (CC-1).
 Fenced writes queue up and are committed together: whatever queued while the previous commit ran goes
 into the next transaction, so a thousand executions share commits instead of queueing a thousand (CC-6).
 A write is acknowledged only once the commit that holds it returned.
+
+A forked child (a Celery pool process, a gunicorn worker) inherits the parent's pool but none of its
+threads: it forgets the pool and opens its own, and never closes the parent's sockets (CC-7).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -40,6 +44,10 @@ _BATCH = 256
 """The most writes one commit holds; more wait for the next."""
 _LEAST_WAIT = 1.0
 """Seconds a call waits for a connection at least, even when its caller's retries end sooner."""
+
+_LIVING: weakref.WeakSet[Connections] = weakref.WeakSet()
+_INHERITED: list[object] = []
+"""In a forked child: the parent's pools, kept referenced so that no finaliser ever closes the parent's sockets."""
 
 
 @dataclass
@@ -74,6 +82,24 @@ class Connections:
         self._ready: asyncio.Future[None] | None = None
         self._queue: list[_Write] = []
         self._committer: asyncio.Task[None] | None = None
+        self._finalizer: weakref.finalize[Any, Connections] | None = None
+        _LIVING.add(self)
+
+    def _forget_in_child(self) -> None:
+        """In a forked child: the parent's loop thread is gone and its connections are the parent's (CC-7).
+
+        The child opens a pool of its own on first use. The parent's pool is kept referenced, never closed:
+        closing a connection sends the server a goodbye on a socket the parent still uses.
+        """
+        self._guard = threading.Lock()
+        if self._given is None and self._pool is not None:
+            _INHERITED.append(self._pool)
+            self._pool = None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        self._home, self._holding, self._ready = None, False, None
+        self._queue, self._committer = [], None
 
     # -- the home loop -------------------------------------------------------------------------------
 
@@ -142,7 +168,8 @@ class Connections:
         background.close_at_exit(self._close_at_home)
         # A journal dropped without `close()`: its pool is closed on its loop, not left to die with pending tasks.
         # At interpreter exit the background loop closes every pool itself (`close_at_exit`).
-        weakref.finalize(self, _close_abandoned, pool, asyncio.get_running_loop()).atexit = False
+        self._finalizer = weakref.finalize(self, _close_abandoned, pool, asyncio.get_running_loop())
+        self._finalizer.atexit = False
 
     async def _run_at_home(
         self, operation: Callable[[AsyncConnection[Any]], Awaitable[_T]], wait: float | None = None
@@ -154,6 +181,8 @@ class Connections:
         for attempt in (1, 2):
             try:
                 async with pool.connection(timeout=wait) as conn:
+                    prepares = conn.prepare_threshold
+                    conn.prepare_threshold = None  # a user's pool too may sit behind PgBouncer (CC-8)
                     try:
                         if conn.autocommit:
                             return await operation(conn)
@@ -163,6 +192,8 @@ class Connections:
                         gone = conn.broken or conn.closed or (exc.sqlstate or '').startswith('57P')  # shut down
                         if not gone or attempt == 2:
                             raise
+                    finally:
+                        conn.prepare_threshold = prepares
                 # The server dropped it (a restart, an idle timeout, a terminated session), and likely its idle
                 # siblings too: the pool checks those, and the operation runs once more on a sound one.
                 await pool.check()
@@ -270,3 +301,12 @@ def _settle(write: _Write, *, row: tuple[Any, ...] | None = None, error: BaseExc
         write.done.set_exception(error)
     else:
         write.done.set_result(row)
+
+
+def _forget_all_in_child() -> None:
+    for connections in list(_LIVING):
+        connections._forget_in_child()
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_forget_all_in_child)

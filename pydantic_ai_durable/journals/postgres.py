@@ -23,6 +23,7 @@ from ._dsn import mask_dsn, scrub
 from ._holder import ours_and_ended
 from ._pg_connections import Connections
 from ._pg_sql import SCHEMA_VERSION, Sql
+from ._pg_values import VALUE_REFUSED, key_bytes, key_text, one_line, storable
 from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
 from ._retention import DEFAULT_RETENTION, Retention, retention_seconds
 
@@ -45,27 +46,6 @@ def _require_psycopg() -> None:
         import psycopg_pool  # noqa: F401
     except ImportError as exc:
         raise ImportError(f'{_INSTALL_HINT} ({exc}).') from exc
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception as one short line: libpq messages span several lines with tabs."""
-    text = ' '.join(part.strip() for part in str(exc).splitlines() if part.strip()) or type(exc).__name__
-    return text if len(text) <= 400 else text[:397] + '...'
-
-
-def _key_bytes(key: str) -> bytes:
-    return key.encode('utf-8', 'surrogatepass')
-
-
-def _key_text(raw: object) -> str | None:
-    if isinstance(raw, memoryview):
-        raw = raw.tobytes()
-    if not isinstance(raw, bytes):
-        return None
-    try:
-        return raw.decode('utf-8', 'surrogatepass')
-    except UnicodeDecodeError:
-        return None
 
 
 class PostgresJournal:
@@ -139,7 +119,10 @@ class PostgresJournal:
         from psycopg.conninfo import conninfo_to_dict
 
         params = conninfo_to_dict(self.dsn)
-        options: dict[str, Any] = {'autocommit': True}
+        # No server-side prepared statements: behind PgBouncer in transaction mode the next transaction may
+        # run on another server session, where a statement prepared here does not exist, or another one of
+        # the same name does (CC-8).
+        options: dict[str, Any] = {'autocommit': True, 'prepare_threshold': None}
         if 'connect_timeout' not in params:
             options['connect_timeout'] = max(1, round(self.connect_timeout))
         if 'application_name' not in params:
@@ -209,7 +192,7 @@ class PostgresJournal:
         except Exception as exc:
             raise JournalUnavailable(
                 f'The Postgres journal {self!r} cannot be opened '
-                f'({type(exc).__name__}: {scrub(_one_line(exc), self.dsn)}). '
+                f'({type(exc).__name__}: {scrub(one_line(exc), self.dsn)}). '
                 'Check the DSN, that the server is running and accepts connections, and that the user may '
                 'create and write tables in the schema; no model was called.'
             ) from exc
@@ -231,15 +214,21 @@ class PostgresJournal:
     async def _fenced(self, key: str, statement: LiteralString, params: dict[str, Any]) -> bool:
         """Run a write that returns a row only when the writer's epoch is current (B-9), in a shared commit.
 
-        `False` when the database refuses the value itself (a NUL in text, a number out of range):
-        the same value fails every time, so it is not a store failure worth retrying (J-2).
+        `False` when the value itself cannot be stored (a NUL or a lone surrogate in text, a number out of
+        range): the same value fails every time, so it is not a store failure worth retrying (J-2). Only
+        such a value may be refused: any other error, a data error included, is a fault of the server, the
+        connection or a pooler in between, and is raised so the core retries it (CC-8).
         """
         import psycopg
 
+        if not storable(params):
+            return False
         try:
             row = await self._connections.write(statement, params)
-        except psycopg.DataError:
-            return False
+        except psycopg.DataError as exc:
+            if exc.sqlstate is None or exc.sqlstate in VALUE_REFUSED:  # None: refused before it was sent
+                return False
+            raise
         if row is None or row[0] == 0:
             raise await self._lease_lost(key)
         return True
@@ -325,7 +314,7 @@ class PostgresJournal:
         rows = await self._connections.run(read)
         infos: list[ExecutionInfo] = []
         for raw_key, text, leased, holder, retain_until, updated, runs, steps, size in rows:
-            key = _key_text(raw_key)
+            key = key_text(raw_key)
             record = _json.loads_dict(text)
             found = state_of(record, leased=bool(leased) and not ours_and_ended(holder or ''))
             if key is None or found not in wanted:
@@ -373,7 +362,7 @@ class PostgresJournal:
                 doomed = await (expired if older_than is None else old)(conn)
                 if doomed:
                     await self._delete_eids(conn, [eid for eid, _ in doomed])
-            return [key for _, raw in doomed if raw is not None and (key := _key_text(raw)) is not None]
+            return [key for _, raw in doomed if raw is not None and (key := key_text(raw)) is not None]
 
         return sorted(await self._connections.run(prune))
 
@@ -389,7 +378,7 @@ class PostgresJournal:
         eid = execution_id(key)
         params: dict[str, Any] = {
             'eid': eid,
-            'key': _key_bytes(key),
+            'key': key_bytes(key),
             'holder': holder,
             'ttl': float(ttl),
             'force': force,
@@ -417,7 +406,7 @@ class PostgresJournal:
         except Exception as exc:
             raise JournalUnavailable(
                 f'The Postgres journal {self!r} could not take the lease on execution {key!r} '
-                f'({type(exc).__name__}: {scrub(_one_line(exc), self.dsn)}); no model was called.'
+                f'({type(exc).__name__}: {scrub(one_line(exc), self.dsn)}); no model was called.'
             ) from exc
 
     async def renew_leases(self, leases: Sequence[LeaseRenewal]) -> list[Lease | None]:

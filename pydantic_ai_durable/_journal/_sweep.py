@@ -1,0 +1,117 @@
+"""The recovery sweep: hand interrupted executions back to a job queue, each once per interruption (FL-3).
+
+A job queue brings back a killed worker's task only when its broker notices (a Redis visibility timeout,
+a stalled-job check), which can take an hour. The sweep bounds that: an execution left `interrupted` for
+`idle` seconds is claimed under its own lease, marked as dispatched for the attempt that was interrupted,
+released, and only then given to `dispatch`, which enqueues it again from its metadata. The claim and
+the mark make concurrent sweeps (one per worker) dispatch each execution once; a dispatch that is lost
+after the mark is retried once `idle` has passed again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .._errors import LeaseLost
+from ..journals._holder import end_holding, new_holder, start_holding
+from ..journals._protocol import ExecutionInfo, Journal
+from ._records import ENTRY_VERSION
+
+__all__ = ('DISPATCHED', 'sweep_interrupted')
+
+log = logging.getLogger('pydantic_ai_durable')
+
+DISPATCHED = 'dispatched'
+"""The execution record's field a sweep writes: `{"attempt": n, "at": epoch seconds}` (FL-3)."""
+
+_CLAIM_TTL = 30.0
+"""Seconds a sweep's claim holds an execution: long enough to mark it, short if the sweeping process dies."""
+
+
+async def sweep_interrupted(
+    journal: Journal,
+    dispatch: Callable[[ExecutionInfo], Awaitable[None] | None],
+    *,
+    idle: float = 30.0,
+    select: Callable[[ExecutionInfo], bool] | None = None,
+    limit: int | None = None,
+) -> list[str]:
+    """Dispatch again every execution interrupted for `idle` seconds that `select` accepts; return their keys.
+
+    An execution is dispatched when no attempt wrote to it for `idle` seconds and no sweep dispatched it in
+    the last `idle` seconds (or since, an attempt started). `dispatch` gets the execution as `list_executions` shows it (its key and `metadata`) and must enqueue a
+    task that enters `execution(key)` again; a dispatch that raises is logged and retried by a later sweep
+    once `idle` has passed. An execution that a live attempt holds, that ended meanwhile, or that another
+    sweep dispatched within `idle` seconds is left alone, so sweeps may run in every worker at once.
+    """
+    if not isinstance(idle, (int, float)) or isinstance(idle, bool) or not idle > 0:
+        raise ValueError(
+            f'idle must be a positive number of seconds, not {idle!r}: it is also how long a dispatch keeps '
+            'other sweeps from dispatching the same execution again.'
+        )
+    now = time.time()
+    candidates = [
+        info
+        for info in await journal.list_executions(state='interrupted')
+        if now - info.updated >= idle and (select is None or select(info))
+    ]
+    dispatched: list[str] = []
+    for info in candidates:
+        if limit is not None and len(dispatched) >= limit:
+            break
+        if not await _claim(journal, info.key, idle):
+            continue
+        try:
+            pending = dispatch(info)
+            if pending is not None:
+                await pending
+        except Exception as exc:
+            log.warning(
+                'Execution %r: dispatching it again failed (%s: %s); a later sweep retries in %g s.',
+                info.key,
+                type(exc).__name__,
+                exc,
+                idle,
+            )
+            continue
+        log.info('Execution %r was interrupted; it was dispatched again.', info.key)
+        dispatched.append(info.key)
+    return dispatched
+
+
+async def _claim(journal: Journal, key: str, idle: float) -> bool:
+    """Mark `key` dispatched for its interrupted attempt, under a lease of the sweep's own; `False`: leave it."""
+    holder = new_holder()
+    start_holding(holder)
+    try:
+        lease = await journal.acquire_lease(key, holder, _CLAIM_TTL)
+        if lease.holder != holder:
+            return False  # an attempt runs it (or another sweep claims it) right now
+        try:
+            record = await journal.read_execution(key)
+            if not _due(record, idle):
+                return False
+            assert record is not None
+            attempts = record.get('attempts')
+            marked = {**record, DISPATCHED: {'attempt': attempts, 'at': time.time()}}
+            return await journal.write_execution(key, marked, epoch=lease.epoch)
+        except LeaseLost:
+            return False
+        finally:
+            await journal.release_lease(key, holder, lease.epoch)
+    finally:
+        end_holding(holder)
+
+
+def _due(record: dict[str, Any] | None, idle: float) -> bool:
+    """Whether the record is of an attempt that never ended, and no sweep dispatched it within `idle` seconds."""
+    if not isinstance(record, dict) or record.get('v') != ENTRY_VERSION or record.get('status') != 'running':
+        return False  # finished or failed meanwhile, deleted, or of a format this release does not write
+    mark = record.get(DISPATCHED)
+    if not isinstance(mark, dict) or mark.get('attempt') != record.get('attempts'):
+        return True  # never dispatched, or dispatched for an earlier attempt, which has since run
+    at = mark.get('at')
+    return not isinstance(at, (int, float)) or time.time() - at >= idle
