@@ -36,6 +36,7 @@ __all__ = [
     'celery_worker',
     'eventually',
     'procrastinate_worker',
+    'queue_client',
     'queue_database',
     'redis_server',
     'worker_env',
@@ -78,8 +79,21 @@ class Redis:
             pytest.skip(message)
         self.root.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            [binary, '--port', str(self.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
-             '--dir', str(self.root), '--protected-mode', 'no'],
+            [
+                binary,
+                '--port',
+                str(self.port),
+                '--bind',
+                '127.0.0.1',
+                '--save',
+                '',
+                '--appendonly',
+                'no',
+                '--dir',
+                str(self.root),
+                '--protected-mode',
+                'no',
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -184,7 +198,9 @@ def celery_worker(name: str, env: dict[str, str], root: Path, *, concurrency: in
 
 def procrastinate_worker(name: str, env: dict[str, str], root: Path) -> Worker:
     command = [sys.executable, '-c', 'import fleet_procrastinate_app; fleet_procrastinate_app.run()']
-    return Worker(name, command, {**env, 'FLEET_WORKER_NAME': name}, root / f'{name}.log', ready_text='fleet worker ready')
+    return Worker(
+        name, command, {**env, 'FLEET_WORKER_NAME': name}, root / f'{name}.log', ready_text='fleet worker ready'
+    )
 
 
 def queue_database(dsn: str) -> str:
@@ -204,6 +220,15 @@ def queue_database(dsn: str) -> str:
     with app.open():
         app.schema_manager.apply_schema()
     return queue_dsn
+
+
+def queue_client(dsn: str) -> Any:
+    """An open Procrastinate app that defers jobs to the queue at `dsn` (made here, not in a `__main__`)."""
+    import procrastinate
+
+    client = procrastinate.App(connector=procrastinate.SyncPsycopgConnector(conninfo=dsn))
+    client.open()
+    return client
 
 
 def worker_env(**settings: str) -> dict[str, str]:
@@ -235,7 +260,9 @@ class Effects:
 
     def ends(self) -> Counter[tuple[str, int]]:
         """Completed tool side effects by (prompt, n)."""
-        return Counter((line['prompt'], line['n']) for line in self.lines() if (line['what'], line['phase']) == ('tool', 'end'))
+        return Counter(
+            (line['prompt'], line['n']) for line in self.lines() if (line['what'], line['phase']) == ('tool', 'end')
+        )
 
     def hold(self, prompt: str, point: str) -> Path:
         path = self.holds / f'hold-{prompt}-{point}'
@@ -247,9 +274,9 @@ class Effects:
 
         def started() -> int | None:
             for line in self.lines():
-                if line.get('prompt') == prompt and line['what'] == what and line['phase'] == 'start':
-                    if n is None or line.get('n') == n:
-                        return int(line['pid'])
+                started_here = line.get('prompt') == prompt and (line['what'], line['phase']) == (what, 'start')
+                if started_here and (n is None or line.get('n') == n):
+                    return int(line['pid'])
             return None
 
         return int(eventually(f'{prompt} to start {what} {n or ""}', started))

@@ -69,7 +69,9 @@ async def _model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse
     await hold(prompt, f'model-{done + 1}')
     note({'prompt': prompt, 'what': 'model', 'n': done + 1, 'phase': 'end'})
     if done < TOOLS:
-        return ModelResponse(parts=[ToolCallPart('work', {'prompt': prompt, 'n': done + 1}, tool_call_id=f'w{done + 1}')])
+        return ModelResponse(
+            parts=[ToolCallPart('work', {'prompt': prompt, 'n': done + 1}, tool_call_id=f'w{done + 1}')]
+        )
     results = [part.content for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
     return ModelResponse(parts=[TextPart(f'{prompt}: ' + ','.join(str(result) for result in results))])
 

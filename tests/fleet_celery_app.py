@@ -55,7 +55,9 @@ _loop = asyncio.new_event_loop()
 @app.task(name='fleet.plain', acks_late=True, reject_on_worker_lost=True)
 def plain(prompt: str) -> str:
     """The same work with no journal at all, on one loop per process too: what `benchmarks/fleet.py` compares."""
-    return _loop.run_until_complete(bare.run(prompt)).output
+    output = _loop.run_until_complete(bare.run(prompt)).output
+    note({'prompt': prompt, 'what': 'finished', 'phase': 'start', 'output': output})
+    return output
 
 
 @task_postrun.connect

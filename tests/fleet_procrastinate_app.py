@@ -77,4 +77,3 @@ async def main() -> None:
             fetch_job_polling_interval=0.5,
             worker_middleware=[_after_the_body],
         )
-

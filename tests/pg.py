@@ -38,8 +38,8 @@ __all__ = [
     'drop_schema',
     'fresh_schema',
     'in_ci',
-    'postgres_dsn',
     'pgbouncer_dsn',
+    'postgres_dsn',
     'put_raw',
     'server_dsn',
 ]

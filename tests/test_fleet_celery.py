@@ -275,7 +275,9 @@ def test_fl1_fl2_fl3_fifty_tasks_over_two_workers_with_random_kills_all_finish_w
     assert set(ends.values()) == {1} and len(ends) == 50 * TOOLS, 'a tool that had ended ran again'
     # A tool body that started more than once was killed inside itself every time but the last.
     lines = fleet.effects.lines()
-    ended = {(line['pid'], line['prompt'], line['n']) for line in lines if (line['what'], line['phase']) == ('tool', 'end')}
+    ended = {
+        (line['pid'], line['prompt'], line['n']) for line in lines if (line['what'], line['phase']) == ('tool', 'end')
+    }
     for line in lines:
         if (line['what'], line['phase']) == ('tool', 'start') and (line['pid'], line['prompt'], line['n']) not in ended:
             assert line['pid'] in killed, f'a tool body was cut short by no kill: {line}'

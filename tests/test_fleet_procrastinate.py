@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from fleet import Effects, Worker, eventually, procrastinate_worker, queue_database, worker_env
+from fleet import Effects, Worker, eventually, procrastinate_worker, queue_client, queue_database, worker_env
 from fleet_agent import TOOLS, expected_output
 from pg import server_dsn
 
@@ -77,7 +77,11 @@ class Fleet:
             eventually(f'job {job_id} ({prompt}) to succeed', done, within=within)
         except AssertionError as exc:
             raise AssertionError(f'{exc}\n{self.logs()}') from None
-        outputs = [line['output'] for line in self.effects.lines() if line.get('prompt') == prompt and line['what'] == 'finished']
+        outputs = [
+            line['output']
+            for line in self.effects.lines()
+            if line.get('prompt') == prompt and line['what'] == 'finished'
+        ]
         return str(outputs[-1])
 
     def journal(self) -> Journal:
@@ -103,13 +107,9 @@ class Fleet:
 
 @pytest.fixture(params=['disk', 'postgres'])
 def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
-    import procrastinate
-
     queue_dsn = queue_database(server_dsn())
-    if request.param == 'postgres':  # the journal shares the queue's database
-        journal = f'postgres:pad_journal:{queue_dsn}'
-    else:
-        journal = f'disk:{tmp_path / "journal"}'
+    # With PostgreSQL, the journal shares the queue's database.
+    journal = f'postgres:pad_journal:{queue_dsn}' if request.param == 'postgres' else f'disk:{tmp_path / "journal"}'
     settings = {
         **SETTINGS,
         'FLEET_QUEUE_DSN': queue_dsn,
@@ -119,14 +119,13 @@ def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
         'FLEET_TOOL_SECONDS': '0.05',
     }
     fleet = Fleet(tmp_path, request.param, queue_dsn, Effects(tmp_path / 'effects.log', tmp_path / 'holds'), settings)
-    client = procrastinate.App(connector=procrastinate.SyncPsycopgConnector(conninfo=queue_dsn))
-    with client.open():
-        fleet.client = client
-        try:
-            yield fleet
-        finally:
-            for worker in fleet.workers:
-                worker.stop()
+    fleet.client = queue_client(queue_dsn)
+    try:
+        yield fleet
+    finally:
+        for worker in fleet.workers:
+            worker.stop()
+        fleet.client.close()
 
 
 def _each_tool_ended_once(fleet: Fleet, prompt: str) -> None:
@@ -234,12 +233,14 @@ def test_fl1_fl3_fl6_fifty_jobs_over_two_workers_with_random_kills_all_finish_wi
         killed.add(victim.pid)
         victim.kill()
         fleet.start_worker()
-    outputs = [fleet.output(prompt, job, within=240) for prompt, job in zip(prompts, jobs)]
+    outputs = [fleet.output(prompt, job, within=240) for prompt, job in zip(prompts, jobs, strict=True)]
     assert outputs == [expected_output(prompt) for prompt in prompts]
     ends = fleet.effects.ends()
     assert set(ends.values()) == {1} and len(ends) == 50 * TOOLS, 'a tool that had ended ran again'
     lines = fleet.effects.lines()
-    ended = {(line['pid'], line['prompt'], line['n']) for line in lines if (line['what'], line['phase']) == ('tool', 'end')}
+    ended = {
+        (line['pid'], line['prompt'], line['n']) for line in lines if (line['what'], line['phase']) == ('tool', 'end')
+    }
     for line in lines:
         if (line['what'], line['phase']) == ('tool', 'start') and (line['pid'], line['prompt'], line['n']) not in ended:
             assert line['pid'] in killed, f'a tool body was cut short by no kill: {line}'

@@ -54,9 +54,7 @@ async def _all(work: Workload, keys: list[str]) -> list[str | BaseException]:
     return await asyncio.gather(*(work.one(key) for key in keys), return_exceptions=True)
 
 
-async def test_cc8_two_hundred_concurrent_executions_through_pgbouncer_all_succeed_all_replay_and_store_what_was_acknowledged() -> (
-    None
-):
+async def test_cc8_two_hundred_executions_through_pgbouncer_succeed_replay_and_store_what_was_acknowledged() -> None:
     direct, schema = fresh_schema()
     journal = _Acknowledged(pgbouncer_dsn(), schema=schema)
     work = Workload(journal)
@@ -147,4 +145,3 @@ def test_cc8_the_journal_leaves_no_prepared_statement_on_a_server_session() -> N
 async def _prepared_statements(conn: Any) -> int:
     row = await (await conn.execute('SELECT count(*) FROM pg_prepared_statements')).fetchone()
     return int(row[0])
-

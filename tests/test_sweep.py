@@ -17,7 +17,6 @@ import pytest
 from pydantic_ai_durable import ExecutionInfo, Journal, execution, sweep_interrupted
 from pydantic_ai_durable._journal import SimulatedCrash
 
-
 IDLE = 0.3
 """Seconds an execution must be left before a sweep dispatches it, and between two dispatches of it."""
 

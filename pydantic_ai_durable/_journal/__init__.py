@@ -11,10 +11,10 @@ package imports the names below from here.
 
 from ._attempt import Attempt, CleanupMode
 from ._records import ENTRY_VERSION, Kind
+from ._retry import retry_delay
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Divergence, Stats, StepOutcome
 from ._step import STEP_OBSERVER, SimulatedCrash, Step, StepPoint, current_step
-from ._retry import retry_delay
 from ._sweep import DISPATCHED, sweep_interrupted
 
 __all__ = (

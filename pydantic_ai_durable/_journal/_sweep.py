@@ -42,8 +42,9 @@ async def sweep_interrupted(
     """Dispatch again every execution interrupted for `idle` seconds that `select` accepts; return their keys.
 
     An execution is dispatched when no attempt wrote to it for `idle` seconds and no sweep dispatched it in
-    the last `idle` seconds (or since, an attempt started). `dispatch` gets the execution as `list_executions` shows it (its key and `metadata`) and must enqueue a
-    task that enters `execution(key)` again; a dispatch that raises is logged and retried by a later sweep
+    the last `idle` seconds (or since, an attempt started). `dispatch` gets the execution as
+    `list_executions` shows it (its key and `metadata`) and must enqueue a task that enters
+    `execution(key)` again; a dispatch that raises is logged and retried by a later sweep
     once `idle` has passed. An execution that a live attempt holds, that ended meanwhile, or that another
     sweep dispatched within `idle` seconds is left alone, so sweeps may run in every worker at once.
     """
