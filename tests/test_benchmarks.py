@@ -28,6 +28,10 @@ CASES = {
         ['--n', '20', '--rounds', '1', *([] if POSTGRES else ['--no-postgres'])],
         'expired journal after 1 executions',
     ),
+    'fleet': (
+        ['--n', '4', '--rounds', '1', '--kills', '0', '--engines', 'celery', '--journals', 'disk'],
+        '| celery | disk |',
+    ),
     'concurrency': (
         ['--n', '5', '--processes', '0', '--configs', 'bare,disk,postgres' if POSTGRES else 'bare,disk'],
         'one DiskJournal | 5 |',
