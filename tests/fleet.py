@@ -35,11 +35,13 @@ __all__ = [
     'Worker',
     'celery_worker',
     'eventually',
+    'execution_states',
     'procrastinate_worker',
     'queue_client',
     'queue_database',
     'redis_server',
     'worker_env',
+    'worker_logs',
 ]
 
 
@@ -229,6 +231,27 @@ def queue_client(dsn: str) -> Any:
     client = procrastinate.App(connector=procrastinate.SyncPsycopgConnector(conninfo=dsn))
     client.open()
     return client
+
+
+def worker_logs(workers: list[Worker]) -> str:
+    """The end of each worker's log, for a failure message."""
+    return '\n\n'.join(f'--- {worker.name}\n{worker.tail(80)}' for worker in workers)
+
+
+def execution_states(journal_setting: str) -> dict[str, str]:
+    """Each execution's state in the journal a `FLEET_JOURNAL` setting names, read from the test process."""
+    import asyncio
+
+    from fleet_agent import journal_from_setting
+
+    async def read() -> dict[str, str]:
+        journal = journal_from_setting(journal_setting)
+        try:
+            return {info.key: info.state for info in await journal.list_executions()}
+        finally:
+            await journal.close()
+
+    return asyncio.run(read())
 
 
 def worker_env(**settings: str) -> dict[str, str]:

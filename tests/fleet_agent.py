@@ -26,8 +26,13 @@ TOOLS = 3
 
 
 def journal_from_environment() -> Journal:
-    """`FLEET_JOURNAL`: `disk:<directory>` or `postgres:<schema>:<dsn>`."""
-    kind, _, rest = os.environ['FLEET_JOURNAL'].partition(':')
+    """The journal `FLEET_JOURNAL` names (`journal_from_setting`)."""
+    return journal_from_setting(os.environ['FLEET_JOURNAL'])
+
+
+def journal_from_setting(setting: str) -> Journal:
+    """`disk:<directory>` or `postgres:<schema>:<dsn>`."""
+    kind, _, rest = setting.partition(':')
     if kind == 'disk':
         return DiskJournal(rest)
     schema, _, dsn = rest.partition(':')

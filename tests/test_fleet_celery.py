@@ -8,7 +8,6 @@ body that ended runs again (only a body killed inside itself starts twice).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import signal
@@ -20,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet import Effects, Redis, Worker, celery_worker, eventually, worker_env
+from fleet import Effects, Redis, Worker, celery_worker, eventually, execution_states, worker_env, worker_logs
 from fleet_agent import TOOLS, expected_output
 from pg import fresh_schema
-
-from pydantic_ai_durable import DiskJournal, Journal, PostgresJournal
 
 pytestmark = [
     pytest.mark.fleet,
@@ -56,29 +53,15 @@ class Fleet:
     def send(self, prompt: str, *, task: str = 'fleet.research', task_id: str | None = None) -> Any:
         return self.client.send_task(task, args=[prompt], task_id=task_id)
 
-    def journal(self) -> Journal:
-        kind, _, rest = self.settings['FLEET_JOURNAL'].partition(':')
-        if kind == 'disk':
-            return DiskJournal(rest)
-        schema, _, dsn = rest.partition(':')
-        return PostgresJournal(dsn, schema=schema)
-
     def states(self) -> dict[str, str]:
-        async def read() -> dict[str, str]:
-            journal = self.journal()
-            try:
-                return {info.key: info.state for info in await journal.list_executions()}
-            finally:
-                await journal.close()
-
-        return asyncio.run(read())
+        return execution_states(self.settings['FLEET_JOURNAL'])
 
     def retried(self) -> bool:
         """Whether a delivery found its execution held by another and asked Celery to retry it later."""
         return any('the task retries in' in worker.log.read_text(errors='replace') for worker in self.workers)
 
     def logs(self) -> str:
-        return '\n\n'.join(f'--- {worker.name}\n{worker.tail(80)}' for worker in self.workers)
+        return worker_logs(self.workers)
 
 
 @pytest.fixture(params=['disk', 'postgres'])

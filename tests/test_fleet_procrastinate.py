@@ -9,7 +9,6 @@ shows: every job returns the right output, and no tool body that ended runs agai
 
 from __future__ import annotations
 
-import asyncio
 import random
 import sys
 import time
@@ -20,11 +19,19 @@ from typing import Any
 
 import psycopg
 import pytest
-from fleet import Effects, Worker, eventually, procrastinate_worker, queue_client, queue_database, worker_env
+from fleet import (
+    Effects,
+    Worker,
+    eventually,
+    execution_states,
+    procrastinate_worker,
+    queue_client,
+    queue_database,
+    worker_env,
+    worker_logs,
+)
 from fleet_agent import TOOLS, expected_output
 from pg import server_dsn
-
-from pydantic_ai_durable import DiskJournal, Journal, PostgresJournal
 
 pytestmark = [
     pytest.mark.fleet,
@@ -84,25 +91,11 @@ class Fleet:
         ]
         return str(outputs[-1])
 
-    def journal(self) -> Journal:
-        kind, _, rest = self.settings['FLEET_JOURNAL'].partition(':')
-        if kind == 'disk':
-            return DiskJournal(rest)
-        schema, _, dsn = rest.partition(':')
-        return PostgresJournal(dsn, schema=schema)
-
     def states(self) -> dict[str, str]:
-        async def read() -> dict[str, str]:
-            journal = self.journal()
-            try:
-                return {info.key: info.state for info in await journal.list_executions()}
-            finally:
-                await journal.close()
-
-        return asyncio.run(read())
+        return execution_states(self.settings['FLEET_JOURNAL'])
 
     def logs(self) -> str:
-        return '\n\n'.join(f'--- {worker.name}\n{worker.tail(80)}' for worker in self.workers)
+        return worker_logs(self.workers)
 
 
 @pytest.fixture(params=['disk', 'postgres'])
