@@ -18,15 +18,18 @@ Only the public API of the package is used.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import inspect
+import json
 import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from . import (
     DurableError,
@@ -53,7 +56,6 @@ __all__ = ('ENGINE', 'check_settings', 'durable_task', 'execution_key')
 
 log = logging.getLogger('pydantic_ai_durable')
 
-_F = TypeVar('_F', bound=Callable[..., Any])
 
 ENGINE = 'celery'
 """The `engine` field of the metadata a durable task stores with its execution."""
@@ -103,7 +105,7 @@ def durable_task(
     lease_ttl: float = 30.0,
     resume_after: float | None = None,
     **options: Any,
-) -> Callable[[_F], Task]:
+) -> Callable[[Callable[..., Any]], Task]:
     """A decorator like `app.task` whose body runs inside `execution(key)`, so a task that comes back replays.
 
     The key is the task's name and id (`execution_key`); the execution's metadata holds what the sweep
@@ -128,22 +130,22 @@ def durable_task(
     if options.get('bind'):
         raise ValueError('durable_task binds the task itself; read the task through celery.current_task instead.')
 
-    def decorate(function: _F) -> Task:
+    def decorate(function: Callable[..., Any]) -> Task:
         is_async = inspect.iscoroutinefunction(function)
 
         @functools.wraps(function)
         def run(self: Task, *args: Any, **kwargs: Any) -> Any:
-            request = self.request
-            key = execution_key(self.name, request.id)
+            request, name = self.request, str(self.name)
+            key = execution_key(name, request.id)
             metadata = {
                 'engine': ENGINE,
-                'task': self.name,
+                'task': name,
                 'id': request.id,
                 'args': list(args),
                 'kwargs': kwargs,
                 'queue': _queue_of(request),
             }
-            scope = execution(key, journal=journal, lease_ttl=lease_ttl, metadata=_checked(metadata, self.name))
+            scope = execution(key, journal=journal, lease_ttl=lease_ttl, metadata=_checked(metadata, name))
             try:
                 if is_async:
                     return _worker_loop().run_until_complete(_in_scope_async(scope, function, args, kwargs))
@@ -166,7 +168,7 @@ def durable_task(
         task_options = {'acks_late': True, 'reject_on_worker_lost': True, 'max_retries': None, **options}
         task = cast(Task, app.task(bind=True, **task_options)(run))
         state = _state(app)
-        state.tasks[task.name] = _Durable(journal, float(lease_ttl), resume)
+        state.tasks[str(task.name)] = _Durable(journal, float(lease_ttl), resume)
         _install(app, state)
         return task
 
@@ -182,8 +184,6 @@ async def _in_scope_async(
 
 def _checked(metadata: dict[str, Any], task: str) -> dict[str, Any]:
     """The metadata, or an error saying why this task's arguments cannot be stored with its execution."""
-    import json
-
     try:
         size = len(json.dumps(metadata, separators=(',', ':')).encode())
     except (TypeError, ValueError) as exc:
@@ -306,15 +306,17 @@ def _install(app: Celery, state: _AppState) -> None:
             self.sweeper: _Sweeper | None = None
             super().__init__(worker, **kwargs)
 
-        def start(self, worker: Any) -> None:
+        def start(self, parent: Any) -> None:
             self.sweeper = _Sweeper(app, state)
             self.sweeper.start()
 
-        def stop(self, worker: Any) -> None:
+        def stop(self, parent: Any) -> None:
             if self.sweeper is not None:
                 self.sweeper.stop()
 
-    app.steps['worker'].add(DurableStep)
+    steps = app.steps
+    assert steps is not None, 'Celery makes the steps of every app in its constructor'
+    steps['worker'].add(DurableStep)
 
 
 class _Sweeper:
@@ -349,7 +351,7 @@ class _Sweeper:
         sent: list[str] = []
         for (_, idle), (journal, names) in groups.items():
             sent += await sweep_interrupted(journal, self._send, idle=idle, select=_selector(names))
-        return sent
+        return sent + await _restore_unstarted(self.app, self.state)
 
     def _send(self, info: ExecutionInfo) -> None:
         meta = info.metadata or {}
@@ -360,6 +362,49 @@ class _Sweeper:
             task_id=meta['id'],
             queue=meta.get('queue'),
         )
+
+
+async def _restore_unstarted(app: Celery, state: _AppState) -> list[str]:
+    """Put back in its queue each durable message a Redis broker saw taken, but whose execution never started.
+
+    A worker killed between taking a message and entering its execution leaves no trace in the journal,
+    so the sweep above cannot see it, and Redis would hand the message out again only after its
+    visibility timeout. With prefetch 1 and late acks a live worker starts what it takes at once, so a
+    message taken `resume_after` seconds ago (not held for a countdown) with no execution, or whose
+    execution finished but was never acknowledged, belonged to a dead worker. Should the worker be alive
+    after all, the second delivery is fenced by the lease and replays (FL-3).
+    """
+    restored: list[str] = []
+    with app.connection_for_write() as connection:
+        if connection.transport.driver_type != 'redis':
+            return restored  # AMQP returns a dead consumer's messages at once; SQS has its own visibility
+        channel: Any = connection.default_channel
+        qos, client, now = channel.qos, channel.client, time.time()
+        ceiling = now - min(durable.resume_after for durable in state.tasks.values())
+        for tag, taken_at in client.zrangebyscore(qos.unacked_index_key, '-inf', ceiling, withscores=True):
+            raw = client.hget(qos.unacked_key, tag)
+            headers = (json.loads(raw)[0].get('headers') or {}) if raw else {}
+            name, task_id, eta = headers.get('task'), headers.get('id'), headers.get('eta')
+            if not isinstance(name, str) or not isinstance(task_id, str):
+                continue
+            durable = state.tasks.get(name)
+            if durable is None or taken_at > now - durable.resume_after:
+                continue
+            if eta and _epoch(eta) > now - durable.resume_after:
+                continue  # a countdown a live worker holds until it is due
+            record = await durable.journal.read_execution(execution_key(name, task_id))
+            if record is None or record.get('status') == 'finished':
+                qos.restore_by_tag(tag, client)  # a transaction: of two sweeps, one puts it back
+                log.info('Task %s[%s] was taken by a worker that died before it ran; it was put back.', name, task_id)
+                restored.append(execution_key(name, task_id))
+    return restored
+
+
+def _epoch(iso: Any) -> float:
+    try:
+        return datetime.datetime.fromisoformat(str(iso)).timestamp()
+    except ValueError:
+        return float('inf')  # an ETA we cannot read: leave the message to the broker
 
 
 def _selector(names: set[str]) -> Callable[[ExecutionInfo], bool]:

@@ -24,15 +24,16 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from . import ExecutionInfo, Journal, execution, retry_delay, sweep_interrupted
 
 try:
-    import procrastinate
-    from procrastinate import JobContext, RetryDecision
+    from procrastinate import App, JobContext, RetryDecision
     from procrastinate.exceptions import ConnectorException
+    from procrastinate.jobs import DEFAULT_QUEUE, Job
     from procrastinate.retry import BaseRetryStrategy, get_retry_strategy
+    from procrastinate.tasks import Task
 except ImportError as exc:  # pragma: no cover - only without the extra
     raise ImportError(
         "pydantic_ai_durable.procrastinate needs Procrastinate, the extra 'procrastinate' of "
@@ -43,7 +44,6 @@ __all__ = ('ENGINE', 'RECOVERY_TASK', 'DurableRetry', 'durable_job', 'execution_
 
 log = logging.getLogger('pydantic_ai_durable')
 
-_F = TypeVar('_F', bound=Callable[..., Any])
 
 ENGINE = 'procrastinate'
 """The `engine` field of the metadata a durable job stores with its execution."""
@@ -68,11 +68,11 @@ class DurableRetry(BaseRetryStrategy):
         self.lease_ttl = lease_ttl
         self.then = then
 
-    def get_retry_decision(self, *, exception: BaseException, job: procrastinate.jobs.Job) -> RetryDecision | None:
+    def get_retry_decision(self, *, exception: BaseException, job: Job) -> RetryDecision | None:
         delay = retry_delay(exception, attempt=job.attempts, lease_ttl=self.lease_ttl)
         if delay is not None:
             log.info('Job %s: %s; it runs again in %.1f s.', job.id, type(exception).__name__, delay)
-            return RetryDecision(retry_in={'seconds': delay})
+            return RetryDecision(retry_at=datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=delay))
         return None if self.then is None else self.then.get_retry_decision(exception=exception, job=job)
 
 
@@ -92,19 +92,19 @@ _APPS: dict[int, _AppState] = {}
 _APPS_GUARD = threading.Lock()
 
 
-def _state(app: procrastinate.App) -> _AppState:
+def _state(app: App) -> _AppState:
     with _APPS_GUARD:
         return _APPS.setdefault(id(app), _AppState())
 
 
 def durable_job(
-    app: procrastinate.App,
+    app: App,
     *,
     journal: Journal,
     lease_ttl: float = 30.0,
     resume_after: float | None = None,
     **options: Any,
-) -> Callable[[_F], procrastinate.tasks.Task[Any, Any, Any]]:
+) -> Callable[[Callable[..., Any]], Task[Any, Any, Any]]:
     """A decorator like `app.task` whose body runs inside `execution(key)`, so a job that runs again replays.
 
     The key is the task's name and the job's id (`execution_key`); the execution's metadata holds the
@@ -125,7 +125,7 @@ def durable_job(
     pass_context = bool(options.pop('pass_context', False))
     strategy = DurableRetry(float(lease_ttl), get_retry_strategy(options.pop('retry', False)))
 
-    def decorate(function: _F) -> procrastinate.tasks.Task[Any, Any, Any]:
+    def decorate(function: Callable[..., Any]) -> Task[Any, Any, Any]:
         name: list[str] = []  # the task's name, known once app.task has made it (aliases map to it)
 
         def scope(context: JobContext) -> execution:
@@ -164,7 +164,7 @@ def durable_job(
     return decorate
 
 
-def _install(app: procrastinate.App, state: _AppState, resume_after: float, queue: str | None) -> None:
+def _install(app: App, state: _AppState, resume_after: float, queue: str | None) -> None:
     """Add the recovery task to the app once, on the queue of its first durable job (FL-6)."""
     with _APPS_GUARD:
         if state.installed:
@@ -175,13 +175,13 @@ def _install(app: procrastinate.App, state: _AppState, resume_after: float, queu
     async def recover(context: JobContext, timestamp: int) -> None:
         await recover_stalled_jobs(context.app)
 
-    task = app.task(
-        name=RECOVERY_TASK, pass_context=True, queueing_lock=RECOVERY_TASK, **({'queue': queue} if queue else {})
-    )(recover)
+    task = app.task(name=RECOVERY_TASK, pass_context=True, queueing_lock=RECOVERY_TASK, queue=queue or DEFAULT_QUEUE)(
+        recover
+    )
     app.periodic(cron=f'* * * * * */{every}', periodic_id='pydantic_ai_durable')(task)
 
 
-async def recover_stalled_jobs(app: procrastinate.App) -> list[int]:
+async def recover_stalled_jobs(app: App) -> list[int]:
     """Retry the durable jobs a dead worker left behind; return their ids (FL-3, FL-6).
 
     Two kinds are found: jobs still `doing` on a worker that has not heart-beaten for the task's
@@ -212,7 +212,7 @@ async def recover_stalled_jobs(app: procrastinate.App) -> list[int]:
     return retried
 
 
-async def _retry(app: procrastinate.App, job_id: int) -> bool:
+async def _retry(app: App, job_id: int) -> bool:
     """Put a `doing` job back to `todo` now; `False` if it is not `doing` (queued, or ended) any more."""
     if not await _doing(app, job_id):
         return False
@@ -225,7 +225,7 @@ async def _retry(app: procrastinate.App, job_id: int) -> bool:
     return True
 
 
-async def _doing(app: procrastinate.App, job_id: int) -> bool:
+async def _doing(app: App, job_id: int) -> bool:
     jobs = list(await app.job_manager.list_jobs_async(id=job_id))
     return bool(jobs) and jobs[0].status == 'doing'
 

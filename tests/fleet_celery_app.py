@@ -11,8 +11,8 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_postrun
-from fleet_agent import hold, journal_from_environment, make_agent, note
+from celery.signals import task_postrun, task_prerun
+from fleet_agent import hold, held, journal_from_environment, make_agent, note
 
 from pydantic_ai_durable.celery import durable_task
 
@@ -70,3 +70,14 @@ def _after_the_body(
     prompt = str(args[0])
     note({'prompt': prompt, 'what': 'finished', 'phase': 'start', 'output': retval})
     asyncio.run(hold(prompt, 'after-finish'))
+
+
+@task_prerun.connect
+def _before_the_body(task: Any = None, args: Any = None, **kwargs: Any) -> None:
+    """In the pool process, after the worker took the message and before the execution starts: a place to kill."""
+    if task is None or not task.name.startswith('fleet.research') or not args:
+        return
+    prompt = str(args[0])
+    if held(prompt, 'before-body'):
+        note({'prompt': prompt, 'what': 'taken', 'phase': 'start'})
+        asyncio.run(hold(prompt, 'before-body'))

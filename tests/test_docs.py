@@ -32,7 +32,9 @@ from typing import Any
 import pytest
 
 import pydantic_ai_durable
+import pydantic_ai_durable.celery
 import pydantic_ai_durable.journals
+import pydantic_ai_durable.procrastinate
 import pydantic_ai_durable.testing
 from pydantic_ai_durable._cli._parsing import build_parser as _build_parser
 from pydantic_ai_durable.journals import Journal
@@ -325,7 +327,13 @@ def _called(name: str, code: list[str]) -> bool:
     return any(re.search(rf'(?<![\w]){re.escape(name)}\(', piece) for piece in code)
 
 
-PUBLIC_MODULES = (pydantic_ai_durable, pydantic_ai_durable.journals, pydantic_ai_durable.testing)
+PUBLIC_MODULES = (
+    pydantic_ai_durable,
+    pydantic_ai_durable.journals,
+    pydantic_ai_durable.testing,
+    pydantic_ai_durable.celery,
+    pydantic_ai_durable.procrastinate,
+)
 
 NO_SIGNATURE_TO_DOCUMENT = {
     'Execution': 'made by execution() from an internal object; its attributes are checked instead',

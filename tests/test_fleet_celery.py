@@ -185,6 +185,40 @@ def test_fl3_a_whole_worker_killed_is_resumed_by_the_sweep_of_another(fleet: Fle
     assert 'was interrupted; it was dispatched again' in fleet.workers[1].log.read_text()
 
 
+def test_fl3_a_message_taken_by_a_worker_killed_before_its_task_started_is_put_back(fleet: Fleet) -> None:
+    # Between taking the message and entering the execution, the journal holds nothing of the task:
+    # only the broker knows it, and Redis would hand it out again after its visibility timeout (an hour).
+    first = fleet.start_worker()
+    prompt = 'taken-not-started'
+    release = fleet.effects.hold(prompt, 'before-body')
+    result = fleet.send(prompt)
+    fleet.effects.pid_at(prompt, 'taken')
+    first.kill()
+    release.unlink()
+    assert fleet.states() == {}
+    second = fleet.start_worker()
+    assert _output(fleet, result) == expected_output(prompt)
+    assert 'died before it ran; it was put back' in second.log.read_text()
+    assert fleet.effects.count(prompt, what='body', phase='start') == 1
+    _each_tool_ended_once(fleet, prompt)
+    assert fleet.states() == {f'fleet.research:{result.id}': 'finished'}
+
+
+def test_fl3_a_whole_worker_killed_after_the_execution_finished_but_before_the_ack_is_put_back(fleet: Fleet) -> None:
+    first = fleet.start_worker()
+    prompt = 'finished-not-acked'
+    release = fleet.effects.hold(prompt, 'after-finish')
+    fleet.client.send_task('fleet.research', args=[prompt], ignore_result=True)
+    fleet.effects.pid_at(prompt, 'finished')
+    first.kill()
+    release.unlink()
+    second = fleet.start_worker()
+    eventually('the message to come back and replay', lambda: fleet.effects.count(prompt, what='finished') == 2)
+    assert 'died before it ran; it was put back' in second.log.read_text()
+    assert fleet.effects.count(prompt, what='model', phase='start') == TOOLS + 1  # the second delivery replayed
+    _each_tool_ended_once(fleet, prompt)
+
+
 # -- a duplicate delivery races the original: one holder runs, the other retries and replays (FL-2) ----
 
 
