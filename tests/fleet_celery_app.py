@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
-from fleet_agent import hold, held, journal_from_environment, make_agent, note
+from fleet_agent import held, hold, journal_from_environment, make_agent, note
 
 from pydantic_ai_durable.celery import durable_task
 

@@ -229,6 +229,7 @@ class _Bouncer:
                 f"""
                 [databases]
                 postgres = host={target['host']} port={target['port']} dbname=postgres user=postgres
+                * = host={target['host']} port={target['port']} user=postgres
 
                 [pgbouncer]
                 listen_addr = 127.0.0.1

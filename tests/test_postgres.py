@@ -304,6 +304,18 @@ async def test_b7_missing_database_is_unavailable(postgres_dsn: str) -> None:  #
         await journal.open()
 
 
+async def test_b7_calls_that_wait_together_on_a_failed_opening_each_get_the_journal_error(postgres_dsn: str) -> None:  # noqa: F811
+    # Found behind PgBouncer (a database it does not serve): the first caller to see the opening fail forgot
+    # it, and every other caller waiting on the same opening then failed on that, with an AttributeError.
+    journal = PostgresJournal(make_conninfo(postgres_dsn, dbname=f'no_such_database_{uuid.uuid4().hex[:8]}'))
+    outcomes = await asyncio.gather(*(journal.list_executions() for _ in range(5)), return_exceptions=True)
+    assert [type(outcome) for outcome in outcomes] == [psycopg.OperationalError] * 5, outcomes
+    assert all('no_such_database' in str(outcome) for outcome in outcomes)
+    with pytest.raises(JournalUnavailable, match='no_such_database'):
+        await journal.open()  # the failed opening is tried again, and fails again
+    await journal.close()
+
+
 async def test_b7_a_user_without_privileges_is_unavailable_but_may_use_an_existing_schema(pg: Pg) -> None:
     role = f'pad_limited_{uuid.uuid4().hex[:8]}'
     try:

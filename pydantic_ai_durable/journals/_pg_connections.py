@@ -140,13 +140,14 @@ class Connections:
 
     async def _ready_pool(self) -> AsyncConnectionPool[Any]:
         """The pool, once the schema was checked over a connection of its own (fast, with the real error)."""
-        if self._ready is None:
-            self._ready = asyncio.ensure_future(self._open())
+        ready = self._ready
+        if ready is None:
+            ready = self._ready = asyncio.ensure_future(self._open())
         try:
-            await asyncio.shield(self._ready)
+            await asyncio.shield(ready)
         except BaseException:
-            if self._ready.done():
-                self._ready = None  # a failed opening is tried again by the next call
+            if ready.done() and self._ready is ready:
+                self._ready = None  # a failed opening is tried again by the next call (one reset for all waiters)
             raise
         assert self._pool is not None
         return self._pool
