@@ -1,7 +1,8 @@
 """What durability costs: a FunctionModel agent doing N tool-call round trips, bare and durable.
 
 Runs the bare agent and the same agent with `Durable` on `MemoryJournal`, on `DiskJournal` (record,
-then replay), on Postgres when `PYDANTIC_AI_DURABLE_PG_DSN` is set, and the reference design when it
+then replay), on a `DiskJournal` encrypted at rest (EN-1; record, then replay), on Postgres when
+`PYDANTIC_AI_DURABLE_PG_DSN` is set, and the reference design when it
 is importable, interleaved in one process; prints the median wall time of each as a ratio to the bare
 agent, the time added per round trip, the memory allocated per round trip (tracemalloc), how many
 backend reads a resumed run made, and each PERF target of docs/rules.md next to its measured figure.
@@ -36,7 +37,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage, UsageLimits
 
-from pydantic_ai_durable import DiskJournal, Durable, Journal, MemoryJournal, execution
+from pydantic_ai_durable import DiskJournal, Durable, Encryption, Journal, MemoryJournal, execution
 
 
 def _text(seed: int) -> str:
@@ -148,7 +149,10 @@ async def measure(steps: int, samples: int, root: Path) -> dict[str, float]:
         'memory (record)': [],
         'disk (record)': [],
         'disk (replay)': [],
+        'disk, encrypted (record)': [],
+        'disk, encrypted (replay)': [],
     }
+    sealed = Encryption({'bench': bytes(range(32))})
     pg_dsn = os.environ.get('PYDANTIC_AI_DURABLE_PG_DSN')
     for sample in range(samples):  # interleaved, so drift hits every configuration alike
         rows['bare'].append(await run_bare(steps))
@@ -157,6 +161,13 @@ async def measure(steps: int, samples: int, root: Path) -> dict[str, float]:
         directory = root / f'disk-{steps}-{sample}'
         rows['disk (record)'].append(await run_durable(steps, DiskJournal(directory), 'bench'))
         rows['disk (replay)'].append(await run_durable(steps, DiskJournal(directory), 'bench'))
+        shutil.rmtree(directory, ignore_errors=True)
+        rows['disk, encrypted (record)'].append(
+            await run_durable(steps, DiskJournal(directory, encryption=sealed), 'b')
+        )
+        rows['disk, encrypted (replay)'].append(
+            await run_durable(steps, DiskJournal(directory, encryption=sealed), 'b')
+        )
         shutil.rmtree(directory, ignore_errors=True)
         if pg_dsn:
             from pydantic_ai_durable.journals.postgres import PostgresJournal  # type: ignore[import-not-found]
@@ -177,7 +188,7 @@ def print_table(steps: int, medians: dict[str, float]) -> None:
     bare = medians['bare']
     for name, value in medians.items():
         ratio = f'{value / bare:5.2f}x  {added_per_step(medians, name, steps):+7.3f} ms/round trip'
-        print(f'{steps:>5}  {name:<20} {value:9.3f}  {ratio}')
+        print(f'{steps:>5}  {name:<26} {value:9.3f}  {ratio}')
     if 'postgres (record)' not in medians:
         print(f'{steps:>5}  {"postgres":<20} {"":9}  not run: set PYDANTIC_AI_DURABLE_PG_DSN')
     if not reference_available():

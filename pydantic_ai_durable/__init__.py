@@ -10,9 +10,18 @@ async with execution('order-42'):
 
 from typing import TYPE_CHECKING, Any
 
-from ._errors import DurableError, ExecutionBusy, JournalError, JournalUnavailable, LeaseLost, ReplayDiverged
+from ._errors import (
+    DurableError,
+    EncryptionMismatch,
+    ExecutionBusy,
+    JournalCorrupt,
+    JournalError,
+    JournalUnavailable,
+    LeaseLost,
+    ReplayDiverged,
+)
 from ._journal import Stats, retry_delay, sweep_interrupted
-from .journals import DiskJournal, ExecutionInfo, Journal, MemoryJournal, PostgresJournal
+from .journals import DiskJournal, Encryption, ExecutionInfo, Journal, MemoryJournal, PostgresJournal
 
 if TYPE_CHECKING:
     from ._capability import Durable
@@ -46,11 +55,14 @@ __all__ = (
     'DiskJournal',
     'Durable',
     'DurableError',
+    'Encryption',
+    'EncryptionMismatch',
     'Execution',
     'ExecutionBusy',
     'ExecutionInfo',
     'ExecutionUsage',
     'Journal',
+    'JournalCorrupt',
     'JournalError',
     'JournalUnavailable',
     'LeaseLost',

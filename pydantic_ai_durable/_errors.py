@@ -6,7 +6,16 @@ can tell a journal problem (retrying will not help) from an ordinary failure of 
 
 from __future__ import annotations
 
-__all__ = ('DurableError', 'ExecutionBusy', 'JournalError', 'JournalUnavailable', 'LeaseLost', 'ReplayDiverged')
+__all__ = (
+    'DurableError',
+    'EncryptionMismatch',
+    'ExecutionBusy',
+    'JournalCorrupt',
+    'JournalError',
+    'JournalUnavailable',
+    'LeaseLost',
+    'ReplayDiverged',
+)
 
 
 class DurableError(Exception):
@@ -32,6 +41,32 @@ class ResultNotJournalable(JournalError):
     def __init__(self, message: str, *, step: object = None) -> None:
         super().__init__(message)
         self.step = step
+
+
+class JournalCorrupt(JournalError):
+    """A stored value failed its authentication: altered, copied from another place, or sealed with another key.
+
+    It is never replayed and never taken for a missing step, since either could repeat a side effect or
+    hide a tampering (EN-3). `key` is the execution, `where` the value (`"run 0, step 3"`).
+    """
+
+    def __init__(self, message: str, *, key: str, where: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.where = where
+
+
+class EncryptionMismatch(JournalError):
+    """The keys given do not fit what is stored: a key id with no key, sealed values without keys, or plain ones with.
+
+    `key_id` names the missing key, if that is the problem (EN-4).
+    """
+
+    def __init__(self, message: str, *, key: str, where: str, key_id: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.where = where
+        self.key_id = key_id
 
 
 class JournalUnavailable(DurableError):

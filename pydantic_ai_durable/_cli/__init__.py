@@ -1,4 +1,4 @@
-"""`python -m pydantic_ai_durable`: list, show, delete and prune the executions of a journal (CLI-1, CLI-2).
+"""`python -m pydantic_ai_durable`: list, show, delete, prune and rekey the executions of a journal (CLI-1, CLI-2).
 
 When a retry costs money again, a user needs to see what the journal held and where replay stopped,
 without writing code. The CLI only works on a journal that already exists: it never creates a
@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ._commands import delete_command, list_command, prune_command, show_command
+from ._commands import delete_command, list_command, prune_command, rekey_command, show_command
 from ._parsing import PROG, build_parser, parse_duration, run_order
 from ._render import escape
 from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, open_target
@@ -30,7 +30,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     parser = build_parser(prog or PROG)
     options = parser.parse_args(arguments)  # exits with EXIT_USAGE on a bad command line
     try:
-        target = open_target(options.journal, options.schema)
+        target = open_target(options.journal, options.schema, rekeying=options.command == 'rekey')
+        if options.command == 'rekey':
+            return rekey_command(target, options.json)
         if options.command == 'list':
             return list_command(target, options.state, options.json)
         if options.command == 'show':

@@ -1,4 +1,4 @@
-"""The CLI's commands: `list`, `show`, `delete` and `prune` (CLI-1, CLI-2).
+"""The CLI's commands: `list`, `show`, `delete`, `prune` and `rekey` (CLI-1, CLI-2, EN-2).
 
 Each reads what the journal holds through the journal protocol and the core's own readers of stored
 shapes, so `show` calls unreadable exactly what a retry would ignore, and states come from listing (the
@@ -13,16 +13,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .._journal import rekey
 from .._journal._fences import RunMeta
 from .._journal._records import latest_spend, parse_entry
-from ..journals import _json
+from ..journals import KEYS_VARIABLE, SEALED, _json
 from ..journals._common import delete_under_lease, metadata_of, state_of
 from ..journals._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionState, Journal, RunSnapshot
 from ._parsing import Duration, run_order
 from ._render import cell, epoch, escape, local, plural, print_json, print_lines, quote, size, table, utc
-from ._target import EXIT_OK, EXIT_USAGE, Failure, Target, run_on
+from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, Target, run_on
 
-__all__ = ('delete_command', 'list_command', 'prune_command', 'show_command')
+__all__ = ('delete_command', 'list_command', 'prune_command', 'rekey_command', 'show_command')
 
 _KEY_WIDTH = 40
 _NAME_WIDTH = 60
@@ -118,6 +119,7 @@ class _Step:
     def fields(self) -> dict[str, Any]:
         entry = self.entry if isinstance(self.entry, dict) else {}
         payload = _json.dumps(entry['payload']) if 'payload' in entry else None
+        sealed = entry.get(SEALED)
         recorded = epoch(entry.get('t'))
         fingerprint = entry.get('fingerprint')
         return {
@@ -126,6 +128,7 @@ class _Step:
             'kind': entry.get('kind'),
             'fingerprint': fingerprint,
             'payload_bytes': len(payload) if payload is not None else None,
+            'encrypted': sealed.get('k') if isinstance(sealed, dict) else None,
             'recorded': utc(recorded),
             'recorded_epoch': recorded,
             'v': entry.get('v'),
@@ -196,7 +199,7 @@ def _step_rows(snapshot: RunSnapshot) -> list[list[str]]:
                 cell(fields['kind'], _KIND_WIDTH) if isinstance(fields['kind'], str) else '?',
                 cell(name if fields['readable'] else f'{name} (unreadable: runs live)', _NAME_WIDTH),
                 escape(fingerprint[:_FINGERPRINT_PREFIX]) if isinstance(fingerprint, str) else '-',
-                size(fields['payload_bytes']) if fields['payload_bytes'] is not None else '-',
+                _payload_cell(fields),
                 local(fields['recorded_epoch'], millis=True),
             ]
         )
@@ -204,6 +207,12 @@ def _step_rows(snapshot: RunSnapshot) -> list[list[str]]:
     if high_water > expected:  # a failed attempt claimed positions it never recorded
         rows.append(_gap_row(expected, high_water - 1))
     return rows
+
+
+def _payload_cell(fields: dict[str, Any]) -> str:
+    if fields['payload_bytes'] is not None:
+        return size(fields['payload_bytes'])
+    return f'encrypted ({cell(str(fields["encrypted"]), 20)})' if fields['encrypted'] is not None else '-'
 
 
 def show_command(target: Target, key: str, as_json: bool) -> int:
@@ -246,6 +255,8 @@ def show_command(target: Target, key: str, as_json: bool) -> int:
         lines.append(f'retained   until {local(found.retain_until)}, then deleted by retention')
     if metadata_of(record):
         lines.append(f'metadata   {_metadata_text(metadata_of(record), 100)}')
+    elif isinstance(record.get(SEALED), dict):
+        lines.append(f'metadata   encrypted (set ${KEYS_VARIABLE} to read it and the payloads)')
     if found.record is None:
         lines.append('           (no execution record: its runs cannot be listed)')
     for run, snapshot in found.runs:
@@ -359,3 +370,26 @@ def _why_nothing(left: list[ExecutionInfo], older_than: Duration | None, chosen:
 def _count_states(infos: list[ExecutionInfo]) -> dict[str, int]:
     counts = {state: sum(info.state == state for info in infos) for state in EXECUTION_STATES}
     return {state: count for state, count in counts.items() if count}
+
+
+def rekey_command(target: Target, as_json: bool) -> int:
+    """Rewrite every execution no attempt holds under the current key (EN-2); exit 1 if any was held."""
+
+    def progress(key: str, values: int) -> None:
+        if not as_json:
+            print_lines([f'rekeyed {cell(key, 100)} ({plural(values, "value")})'])
+
+    report = run_on(target, lambda journal: rekey(journal, progress))
+    if as_json:
+        print_json({'rewritten': report.rewritten, 'busy': report.busy, 'values': report.values})
+    else:
+        done = f'{plural(len(report.rewritten), "execution")} ({plural(report.values, "value")})'
+        lines = [f'{done} rewritten under the current key']
+        if report.busy:
+            lines.append(
+                f'{plural(len(report.busy), "execution")} left as they were, held by a running attempt: '
+                + ', '.join(cell(key, 60) for key in report.busy)
+                + '; run rekey again once they end, and keep the old key listed until then'
+            )
+        print_lines(lines)
+    return EXIT_OK if not report.busy else EXIT_NOT_FOUND

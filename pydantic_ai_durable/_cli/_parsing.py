@@ -33,6 +33,11 @@ exit codes:
      each reported as one line on stderr
   2  usage error: a bad command line, e.g. an --older-than that is not a duration
 
+encryption:
+  $PYDANTIC_AI_DURABLE_KEYS ("id:base64key,id:base64key", the current key first) gives the keys of a
+  journal encrypted at rest; without it, encrypted values are shown as encrypted. rekey needs it: it
+  rewrites every execution no attempt holds under the first key, and encrypts a plain journal.
+
 Times in tables are local; --json gives UTC ISO-8601 strings and epoch seconds.
 """
 
@@ -111,6 +116,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         ('show', 'show the runs and steps recorded for one execution'),
         ('delete', 'delete everything recorded for one execution'),
         ('prune', 'delete finished executions whose retention ended, or any not updated for a while'),
+        ('rekey', 'rewrite every stored value under the current key of $PYDANTIC_AI_DURABLE_KEYS'),
     ):
         sub[name] = commands.add_parser(name, help=help_text, description=help_text.capitalize() + '.')
         shared(sub[name], top=False)

@@ -18,7 +18,8 @@ from typing import TypeVar
 
 import diskcache  # type: ignore[import-untyped]
 
-from .._errors import JournalUnavailable
+from .._errors import JournalError, JournalUnavailable
+from ..journals import KEYS_VARIABLE, Encryption, reseal
 from ..journals._dsn import mask_dsn, scrub
 from ..journals._protocol import Journal
 from ..journals.disk import DiskJournal, default_directory
@@ -69,7 +70,33 @@ def _one_line(exc: BaseException) -> str:
     return f'{type(exc).__name__}: {text}' if text else type(exc).__name__
 
 
-def open_target(value: str | None, schema: str | None) -> Target:
+def open_target(value: str | None, schema: str | None, *, rekeying: bool = False) -> Target:
+    """The journal `--journal` names, with the keys of `$PYDANTIC_AI_DURABLE_KEYS` if set (EN-5).
+
+    Without keys, encrypted values are shown as such; `rekey` needs them, and also reads plain values.
+    """
+    encryption = _keys(required=rekeying)
+    target = _open(value, schema)
+    reseal(target.journal, encryption, 'migrate' if rekeying else ('strict' if encryption is not None else 'show'))
+    return target
+
+
+def _keys(*, required: bool) -> Encryption | None:
+    if not os.environ.get(KEYS_VARIABLE, '').strip():
+        if required:
+            raise Failure(
+                f'rekey needs the keys in ${KEYS_VARIABLE} ("id:base64key,id:base64key", the new current key '
+                'first, then every key the journal may still be sealed with)',
+                EXIT_USAGE,
+            )
+        return None
+    try:
+        return Encryption.from_env()
+    except (ValueError, ImportError) as exc:
+        raise Failure(str(exc), EXIT_USAGE) from None
+
+
+def _open(value: str | None, schema: str | None) -> Target:
     if value is not None and _is_dsn(value):
         return _postgres_target(value, schema)
     if schema is not None:
@@ -130,7 +157,7 @@ def run_on(target: Target, action: Callable[[Journal], Awaitable[_T]]) -> _T:
         return asyncio.run(go())
     except Failure:
         raise
-    except JournalUnavailable as exc:
+    except (JournalUnavailable, JournalError) as exc:
         raise Failure(target.clean(' '.join(str(exc).split()))) from None
     except Exception as exc:
         raise Failure(f'cannot read the journal {target.label}: {target.clean(_one_line(exc))}') from None

@@ -5,12 +5,14 @@ replay rule of docs/rules.md (R, P, M, D, W, F, X, C and S) lives here once and 
 agent. Its modules, bottom up: `_records` (stored shapes), `_stats`, `_lease`, `_attempt_view` (the attempt
 as its runs see it), `_step`, `_pool` (argument matching, DV-2), `_fences` (failure fences), `_run` and
 `_attempt`; beside them, for job queues, `_sweep` (hands interrupted executions back) and `_retry` (when
-a task that met a busy, lost or failing journal runs again). The rest of the
+a task that met a busy, lost or failing journal runs again), and `_rekey` (rewrites every value under the
+current encryption key). The rest of the
 package imports the names below from here.
 """
 
 from ._attempt import Attempt, CleanupMode
 from ._records import ENTRY_VERSION, Kind
+from ._rekey import RekeyReport, rekey
 from ._retry import retry_delay
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Divergence, Stats, StepOutcome
@@ -26,6 +28,7 @@ __all__ = (
     'Divergence',
     'DivergenceMode',
     'Kind',
+    'RekeyReport',
     'Run',
     'SimulatedCrash',
     'Stats',
@@ -34,6 +37,7 @@ __all__ = (
     'StepPoint',
     'check_divergence_mode',
     'current_step',
+    'rekey',
     'retry_delay',
     'sweep_interrupted',
 )

@@ -33,6 +33,7 @@ from ._holder import boot_id, local_clock
 from ._process_lock import drop_lock, hold_lock
 from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
 from ._retention import DEFAULT_RETENTION, Retention, retention_seconds
+from ._sealing import Encryption, Sealer
 
 __all__ = ('DiskJournal', 'default_directory')
 
@@ -74,6 +75,7 @@ class DiskJournal:
         durability: Durability = 'process',
         mode: int = DEFAULT_MODE,
         retention: Retention = DEFAULT_RETENTION,
+        encryption: Encryption | None = None,
     ) -> None:
         if durability not in ('process', 'power'):
             raise ValueError(f"DiskJournal durability must be 'process' or 'power', not {durability!r}.")
@@ -87,6 +89,7 @@ class DiskJournal:
         self._place: tuple[int, int] | None = None
         """The directory's device and inode when the cache was opened: writes go nowhere else (B-15)."""
         self._heads = Heads(self.path)
+        self._sealer = Sealer(encryption)
 
     def __repr__(self) -> str:
         shared = f', mode={self.mode:#o}' if self.mode != DEFAULT_MODE else ''
@@ -220,12 +223,15 @@ class DiskJournal:
         for position in range(self._heads.tops[(eid, run)]):
             text = cache.get(entry_key(eid, run, position))
             if text is not None:
-                entries[position] = _json.loads(text)
-        records = {name: _json.loads(cache.get(record_key(eid, run, name))) for name in self._heads.names[(eid, run)]}
+                entries[position] = self._sealer.open_entry(key, run, position, _json.loads(text))
+        records = {
+            name: self._sealer.open_record(key, run, name, _json.loads(cache.get(record_key(eid, run, name))))
+            for name in self._heads.names[(eid, run)]
+        }
         return RunSnapshot(entries=entries, records=records)
 
     async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
-        text = _json.dumps(entry)
+        text = _json.dumps(self._sealer.entry(key, run, position, entry))
         if text is None:
             return False
         eid = execution_id(key)
@@ -235,7 +241,7 @@ class DiskJournal:
         return self._write(key, run, item, text, epoch=epoch, top=position + 1)
 
     async def write_record(self, key: str, run: str, name: str, value: dict[str, Any], *, epoch: int) -> bool:
-        text = _json.dumps(value)
+        text = _json.dumps(self._sealer.record(key, run, name, value))
         if text is None:
             return False
         eid = execution_id(key)
@@ -258,10 +264,10 @@ class DiskJournal:
     # -- executions ------------------------------------------------------------------------------
 
     async def read_execution(self, key: str) -> dict[str, Any] | None:
-        return _json.loads_record(self._open_cache().get(f'{execution_id(key)}/x'))
+        return self._sealer.open_execution(key, _json.loads_record(self._open_cache().get(f'{execution_id(key)}/x')))
 
     async def write_execution(self, key: str, value: dict[str, Any], *, epoch: int) -> bool:
-        text = _json.dumps(value)
+        text = _json.dumps(self._sealer.execution(key, value))
         if text is None:
             return False
         eid = execution_id(key)
@@ -329,7 +335,7 @@ class DiskJournal:
                     bytes=size,
                     state=found,
                     updated=float(head.get('updated', 0.0)),
-                    metadata=metadata_of(record),
+                    metadata=metadata_of(self._sealer.open_execution(head['key'], record)),
                     retain_until=float(retain_until) if isinstance(retain_until, (int, float)) else None,
                 )
             )

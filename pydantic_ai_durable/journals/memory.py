@@ -15,6 +15,7 @@ from ._common import metadata_of, retention_of, state_of, wanted_states
 from ._holder import local_clock, ours_and_ended
 from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
 from ._retention import DEFAULT_RETENTION, Retention, retention_seconds
+from ._sealing import Encryption, Sealer
 
 __all__ = ('MemoryJournal',)
 
@@ -61,12 +62,13 @@ class MemoryJournal:
     epoch like every other backend's (B-9), so tests of stale attempts hold here too.
     """
 
-    def __init__(self, *, retention: Retention = DEFAULT_RETENTION) -> None:
+    def __init__(self, *, retention: Retention = DEFAULT_RETENTION, encryption: Encryption | None = None) -> None:
         self.retention = retention_seconds(retention)
         """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise (FN-1)."""
         self._executions: dict[str, _Execution] = {}
         self._lock = threading.Lock()
         self._epochs = itertools.count(1)
+        self._sealer = Sealer(encryption)
 
     def __repr__(self) -> str:
         return f'MemoryJournal(<{len(self._executions)} executions>)'
@@ -89,12 +91,12 @@ class MemoryJournal:
             found = stored.runs.get(run) if stored else None
             if found is None:
                 return RunSnapshot()
-            entries = {position: _json.loads(text) for position, text in found.entries.items()}
-            records = {name: _json.loads(text) for name, text in found.records.items()}
+            entries = {p: self._sealer.open_entry(key, run, p, _json.loads(text)) for p, text in found.entries.items()}
+            records = {n: self._sealer.open_record(key, run, n, _json.loads(text)) for n, text in found.records.items()}
         return RunSnapshot(entries=entries, records=records)
 
     async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
-        text = _json.dumps(entry)
+        text = _json.dumps(self._sealer.entry(key, run, position, entry))
         if text is None:
             return False
         with self._lock:
@@ -102,7 +104,7 @@ class MemoryJournal:
         return True
 
     async def write_record(self, key: str, run: str, name: str, value: dict[str, Any], *, epoch: int) -> bool:
-        text = _json.dumps(value)
+        text = _json.dumps(self._sealer.record(key, run, name, value))
         if text is None:
             return False
         with self._lock:
@@ -112,10 +114,10 @@ class MemoryJournal:
     async def read_execution(self, key: str) -> dict[str, Any] | None:
         with self._lock:
             stored = self._executions.get(key)
-            return _json.loads_record(stored.record) if stored else None
+            return self._sealer.open_execution(key, _json.loads_record(stored.record)) if stored else None
 
     async def write_execution(self, key: str, value: dict[str, Any], *, epoch: int) -> bool:
-        text = _json.dumps(value)
+        text = _json.dumps(self._sealer.execution(key, value))
         if text is None:
             return False
         retention = retention_of(value)
@@ -159,7 +161,7 @@ class MemoryJournal:
                         bytes=sum(len(text) for text in texts) + len(stored.record or ''),
                         state=found,
                         updated=stored.updated,
-                        metadata=metadata_of(record),
+                        metadata=metadata_of(self._sealer.open_execution(key, record)),
                         retain_until=stored.retain_until,
                     )
                 )

@@ -26,6 +26,7 @@ from ._pg_sql import SCHEMA_VERSION, Sql
 from ._pg_values import VALUE_REFUSED, key_bytes, key_text, one_line, storable
 from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
 from ._retention import DEFAULT_RETENTION, Retention, retention_seconds
+from ._sealing import Encryption, Sealer
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -73,6 +74,7 @@ class PostgresJournal:
         max_size: int = 10,
         pool_timeout: float = 30.0,
         retention: Retention = DEFAULT_RETENTION,
+        encryption: Encryption | None = None,
     ) -> None:
         _require_psycopg()
         if (dsn is None) == (pool is None):
@@ -93,6 +95,7 @@ class PostgresJournal:
         self.max_size = max_size
         self.pool_timeout = pool_timeout
         self.retention = retention_seconds(retention)
+        self._sealer = Sealer(encryption)
         """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise (FN-1)."""
         self._sql = Sql(schema)
         digest = hashlib.sha256(f'pydantic_ai_durable:{schema}'.encode()).digest()
@@ -243,20 +246,20 @@ class PostgresJournal:
         snapshot = RunSnapshot()
         for position, name, value in await self._connections.run(read):
             if position is not None:
-                snapshot.entries[int(position)] = _json.loads(value)
+                snapshot.entries[int(position)] = self._sealer.open_entry(key, run, int(position), _json.loads(value))
             elif isinstance(name, str):
-                snapshot.records[name] = _json.loads(value)
+                snapshot.records[name] = self._sealer.open_record(key, run, name, _json.loads(value))
         return snapshot
 
     async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
-        text = _json.dumps(entry)
+        text = _json.dumps(self._sealer.entry(key, run, position, entry))
         if text is None:
             return False
         params = {'eid': execution_id(key), 'epoch': epoch, 'run': run, 'position': position, 'value': text}
         return await self._fenced(key, self._sql.write_entry, params)
 
     async def write_record(self, key: str, run: str, name: str, value: dict[str, Any], *, epoch: int) -> bool:
-        text = _json.dumps(value)
+        text = _json.dumps(self._sealer.record(key, run, name, value))
         if text is None:
             return False
         params = {'eid': execution_id(key), 'epoch': epoch, 'run': run, 'name': name, 'value': text}
@@ -274,10 +277,10 @@ class PostgresJournal:
             return await (await conn.execute(self._sql.read_execution, params)).fetchone()
 
         row = await self._connections.run(read)
-        return _json.loads_record(row[0]) if row is not None else None
+        return self._sealer.open_execution(key, _json.loads_record(row[0])) if row is not None else None
 
     async def write_execution(self, key: str, value: dict[str, Any], *, epoch: int) -> bool:
-        text = _json.dumps(value)
+        text = _json.dumps(self._sealer.execution(key, value))
         if text is None:
             return False
         params = {'eid': execution_id(key), 'epoch': epoch, 'value': text, 'retention': retention_of(value)}
@@ -327,7 +330,7 @@ class PostgresJournal:
                     bytes=int(size),
                     state=found,
                     updated=float(updated) if updated is not None else 0.0,
-                    metadata=metadata_of(record),
+                    metadata=metadata_of(self._sealer.open_execution(key, record)),
                     retain_until=float(retain_until) if retain_until is not None else None,
                 )
             )
