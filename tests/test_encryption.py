@@ -202,14 +202,14 @@ async def test_en1_without_keys_the_same_scan_finds_the_marker(store: Store) -> 
 # -- EN-3: what fails authentication is refused, and nothing stored changes ---------------------------------
 
 
-async def _raw_view(store: Store) -> Journal:
+def _raw_view(store: Store) -> Journal:
     journal = store.make(None)
     reseal(journal, None, 'show')
     return journal
 
 
 async def _entries(store: Store, key: str = 'order-1') -> dict[str, Any]:
-    view = await _raw_view(store)
+    view = _raw_view(store)
     try:
         record = await view.read_execution(key)
         assert record is not None
@@ -224,7 +224,7 @@ async def _first_run(store: Store, key: str = 'order-1') -> str:
 
 async def _tamper(store: Store, change: Callable[[dict[int, Any]], tuple[int, dict[str, Any]]]) -> str:
     run = await _first_run(store)
-    view = await _raw_view(store)
+    view = _raw_view(store)
     try:
         entries = (await view.read_run('order-1', run)).entries
         position, value = change(entries)
@@ -272,7 +272,7 @@ async def test_en3_a_value_copied_from_another_execution_is_journal_corrupt(stor
     await _run(journal, shop, key='order-2')
     await _close(journal)
     run = await _first_run(store, 'order-1')
-    view = await _raw_view(store)
+    view = _raw_view(store)
     try:
         other = (await view.read_run('order-2', await _first_run(store, 'order-2'))).entries[0]
         assert await Operator(view).write_entry('order-1', run, 0, other)  # the same step of another execution

@@ -149,16 +149,15 @@ class Sealer:
     def _seal(self, value: dict[str, Any], place: Place, sealed: Any) -> dict[str, Any]:
         if self.encryption is None or not isinstance(value, dict):
             return value
-        clear = {field: item for field, item in value.items() if not sealed(field) and field != SEALED}
-        secret = {field: item for field, item in value.items() if sealed(field) and field != SEALED}
+        clear: dict[str, Any] = {}
+        secret: dict[str, Any] = {}
+        for field, item in value.items():
+            if field != SEALED:
+                (secret if sealed(field) else clear)[field] = item
         try:
-            bound = _bound(place, clear)
-        except (TypeError, ValueError):
-            return value  # not JSON: the backend's own encoding refuses it (J-2)
-        try:
-            return {**clear, SEALED: self.encryption.seal(secret, bound)}
+            return {**clear, SEALED: self.encryption.seal(secret, _bound(place, clear))}
         except (TypeError, ValueError, RecursionError, OverflowError):
-            return value  # same: the backend says it cannot be journaled, sealed or not
+            return value  # not JSON: the backend's own encoding refuses it, sealed or not (J-2)
 
     def _open(self, value: Any, place: Place, where: str) -> Any:
         if not isinstance(value, dict):
@@ -179,13 +178,14 @@ class Sealer:
         if self.encryption is None:
             if self.mode == 'show':
                 return value
+            key_id = _key_id(sealed)
             raise EncryptionMismatch(
-                f'Execution {key!r}, {where}: encrypted (key id {_key_id(sealed)!r}), but this journal was given no '
+                f'Execution {key!r}, {where}: encrypted (key id {key_id!r}), but this journal was given no '
                 'keys. Pass encryption=Encryption({...}) to the journal (or set $PYDANTIC_AI_DURABLE_KEYS for the '
                 'CLI). Nothing was replayed or run.',
                 key=key,
                 where=where,
-                key_id=_key_id(sealed),
+                key_id=key_id,
             )
         clear = {field: item for field, item in value.items() if field != SEALED}
         return {**clear, **self._decrypt(sealed, _bound(place, clear), key, where)}
