@@ -14,19 +14,32 @@ from ._errors import (
     DurableError,
     EncryptionMismatch,
     ExecutionBusy,
+    ExportInvalid,
+    ImportRefused,
     JournalCorrupt,
     JournalError,
     JournalUnavailable,
     LeaseLost,
     ReplayDiverged,
 )
-from ._journal import Stats, retry_delay, sweep_interrupted
+from ._journal import (
+    ImportReport,
+    Limits,
+    Stats,
+    copy_execution,
+    export_execution,
+    fork_execution,
+    import_execution,
+    retry_delay,
+    sweep_interrupted,
+)
 from .journals import DiskJournal, Encryption, ExecutionInfo, Journal, MemoryJournal, PostgresJournal
 
 if TYPE_CHECKING:
     from ._capability import Durable
     from ._execution import Execution, ExecutionUsage, execution
     from ._masking import SecretRegistry, register_secret
+    from ._messages import recorded_messages
 
 # The names below import pydantic-ai, which takes seconds; the journal and the CLI do not need it,
 # so they are loaded on first use.
@@ -36,6 +49,7 @@ _LAZY = {
     'ExecutionUsage': '._execution',
     'execution': '._execution',
     'SecretRegistry': '._masking',
+    'recorded_messages': '._messages',
     'register_secret': '._masking',
 }
 
@@ -61,17 +75,26 @@ __all__ = (
     'ExecutionBusy',
     'ExecutionInfo',
     'ExecutionUsage',
+    'ExportInvalid',
+    'ImportRefused',
+    'ImportReport',
     'Journal',
     'JournalCorrupt',
     'JournalError',
     'JournalUnavailable',
     'LeaseLost',
+    'Limits',
     'MemoryJournal',
     'PostgresJournal',
     'ReplayDiverged',
     'SecretRegistry',
     'Stats',
+    'copy_execution',
     'execution',
+    'export_execution',
+    'fork_execution',
+    'import_execution',
+    'recorded_messages',
     'register_secret',
     'retry_delay',
     'sweep_interrupted',

@@ -47,6 +47,9 @@ class ActiveRun:
     secrets: SecretRegistry
     resolve_model: ModelResolver
     preparer: RequestPreparer = field(default_factory=RequestPreparer)
+    sent_upto: int = 0
+    """How many messages of the history the run's model requests have recorded so far, with their
+    responses: the next request records only what follows (XP-5)."""
 
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)

@@ -23,7 +23,7 @@ from pydantic_ai.durable_exec import (
     ToolsetCallToolId,
     ToolsetValidateToolArgumentsId,
 )
-from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
@@ -162,6 +162,8 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         continuation = ledger.begin_model_request(messages)
         had_credit = ledger.settle()
         step = active.run.claim(name, 'model', fingerprint)
+        start = active.sent_upto if active.sent_upto <= len(messages) else 0  # a processor may have cut the history
+        active.sent_upto = len(messages) + 1
         decoded = _decoded_response(step.payload, decode) if step.replayed else None
         if decoded is not None:
             value, response = decoded
@@ -193,9 +195,14 @@ class DurableBackend(JournalCallableOperationBackend[None]):
             responses.append(decoded[1] if decoded is not None else None)
             return active.spend.response_received(responses[0], continuation=continuation)
 
+        # What this request added to the conversation, so the run reads back as messages (XP-5).
+        sent = {
+            'from': start,
+            'messages': active.mask(ModelMessagesTypeAdapter.dump_python(messages[start:], mode='json')),
+        }
         token = HOLD_RESPONSES.set(True)
         try:
-            payload = await run_live(step, counted, spend=spent)
+            payload = await run_live(step, counted, spend=spent, sent=sent)
         finally:
             HOLD_RESPONSES.reset(token)
         if responses and responses[0] is not None:

@@ -10,6 +10,8 @@ __all__ = (
     'DurableError',
     'EncryptionMismatch',
     'ExecutionBusy',
+    'ExportInvalid',
+    'ImportRefused',
     'JournalCorrupt',
     'JournalError',
     'JournalUnavailable',
@@ -67,6 +69,24 @@ class EncryptionMismatch(JournalError):
         self.key = key
         self.where = where
         self.key_id = key_id
+
+
+class ExportInvalid(DurableError, ValueError):
+    """An export document that cannot be imported: not JSON, another version, a wrong field, over a limit (XP-4).
+
+    The whole document is checked before anything is written, so this error means the journal is unchanged.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f'Not imported: {message}. Nothing was written.')
+
+
+class ImportRefused(DurableError):
+    """An import or fork the target journal cannot take: the key exists (without `force`) or is running (XP-2)."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class JournalUnavailable(DurableError):

@@ -71,8 +71,9 @@ async def run_live(
     *,
     to_record: Callable[[Any], Any] | None = None,
     spend: Callable[[object], dict[str, Any] | None] | None = None,
+    sent: Any = None,
 ) -> object:
-    """Run a step's body and record what it returned.
+    """Run a step's body and record what it returned (with `sent`, what it was asked, if given).
 
     The body runs under `step.executing()` so agent runs it starts nest under it (R-4); a body that
     raises records nothing and leaves a note for the run's failure fence (W-5), except a result that
@@ -89,7 +90,7 @@ async def run_live(
         if isinstance(exc, ResultNotJournalable) and exc.step is step:
             await step.run.fence(step, exc)  # it ran: a retry must not repeat it silently (JF-5)
         raise
-    await step.record(payload, to_record=to_record, spend=spend(payload) if spend is not None else None)
+    await step.record(payload, to_record=to_record, spend=spend(payload) if spend is not None else None, sent=sent)
     step.reached('after_record')
     return payload
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 from helpers import Operator, tool_returns
-from pg import fresh_schema
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from stores import Store
 
 from pydantic_ai_durable import (
     DiskJournal,
@@ -36,7 +36,6 @@ from pydantic_ai_durable import (
     EncryptionMismatch,
     JournalCorrupt,
     MemoryJournal,
-    PostgresJournal,
     SecretRegistry,
     execution,
 )
@@ -48,80 +47,6 @@ SECRET = 'sk-live-7d1e2a44'
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(32, 64))
 
-
-@dataclass
-class Store:
-    """One backend: journals over the same store with given keys, and its raw bytes."""
-
-    name: str
-    make: Callable[[Encryption | None], Journal]
-    raw: Callable[[], bytes]
-    cli: list[str] | None = None
-    """The CLI's options that name this store, for a store other processes can open."""
-
-
-def _memory_store(tmp_path: Path) -> Store:
-    holder: list[MemoryJournal] = []
-
-    def make(encryption: Encryption | None) -> Journal:
-        if not holder:
-            holder.append(MemoryJournal(encryption=encryption))
-        else:
-            reseal(holder[0], encryption, 'strict')  # one store per object: the same texts under other keys
-        return holder[0]
-
-    def raw() -> bytes:
-        texts: list[str] = []
-        for stored in holder[0]._executions.values():
-            texts.append(stored.record or '')
-            for run in stored.runs.values():
-                texts += [*run.entries.values(), *run.records.values()]
-        return '\n'.join(texts).encode()
-
-    return Store('memory', make, raw)
-
-
-def _disk_store(tmp_path: Path) -> Store:
-    path = tmp_path / 'journal'
-
-    def raw() -> bytes:
-        return b''.join(file.read_bytes() for file in sorted(path.rglob('*')) if file.is_file())
-
-    return Store('disk', lambda encryption: DiskJournal(path, encryption=encryption), raw, cli=['--journal', str(path)])
-
-
-def _postgres_store(tmp_path: Path) -> Store:
-    dsn, schema = fresh_schema()
-
-    def raw() -> bytes:
-        import psycopg
-
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            tables = [
-                row[0]
-                for row in conn.execute(
-                    'SELECT table_name FROM information_schema.tables WHERE table_schema = %s', (schema,)
-                ).fetchall()
-            ]
-            rows = [
-                str(row[0])
-                for table in tables
-                for row in conn.execute(f'SELECT t::text FROM "{schema}"."{table}" t').fetchall()
-            ]
-        return '\n'.join(rows).encode()
-
-    return Store(
-        'postgres',
-        lambda encryption: PostgresJournal(dsn, schema=schema, encryption=encryption),
-        raw,
-        cli=['--journal', dsn, '--schema', schema],
-    )
-
-
-@pytest.fixture(params=[_memory_store, _disk_store, _postgres_store], ids=['memory', 'disk', 'postgres'])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    made: Store = request.param(tmp_path)
-    return made
 
 
 @dataclass

@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 '_masking',
                 '_compat',
                 '_warm',
+                '_messages',
             }
         ),
     ),

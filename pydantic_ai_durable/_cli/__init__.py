@@ -1,9 +1,10 @@
-"""`python -m pydantic_ai_durable`: list, show, delete, prune and rekey the executions of a journal (CLI-1, CLI-2).
+"""`python -m pydantic_ai_durable`: list, show, delete, prune, rekey, export, import and fork executions (CLI-1, XP).
 
 When a retry costs money again, a user needs to see what the journal held and where replay stopped,
 without writing code. The CLI only works on a journal that already exists: it never creates a
 directory or a database schema, so a mistyped path is reported instead of silently becoming an empty
-journal. Modules: `_parsing` (the command line), `_target` (opening the journal), `_render`, `_commands`.
+journal. Modules: `_parsing` (the command line), `_target` (opening the journal), `_render`, `_commands`, `_transfer`
+(export, import, fork, messages).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ._commands import delete_command, list_command, prune_command, rekey_comman
 from ._parsing import PROG, build_parser, parse_duration, run_order
 from ._render import escape
 from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, open_target
+from ._transfer import export_command, fork_command, import_command, messages_command
 
 __all__ = ('EXIT_NOT_FOUND', 'EXIT_OK', 'EXIT_USAGE', 'main', 'parse_duration', 'run_order')
 
@@ -35,8 +37,20 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
             return rekey_command(target, options.json)
         if options.command == 'list':
             return list_command(target, options.state, options.json)
+        if options.command == 'show' and options.messages:
+            return messages_command(target, options.key, options.run, options.until)
         if options.command == 'show':
             return show_command(target, options.key, options.json)
+        if options.command == 'export':
+            return export_command(
+                target, options.key, options.output, plaintext=options.plaintext, as_json=options.json
+            )
+        if options.command == 'import':
+            return import_command(
+                target, options.file, as_key=options.as_key, force=options.force, as_json=options.json
+            )
+        if options.command == 'fork':
+            return fork_command(target, options.key, options.new_key, options.at, as_json=options.json)
         if options.command == 'delete':
             return delete_command(target, options.key, force=options.force, as_json=options.json)
         return prune_command(target, options.older_than, options.state, options.json)

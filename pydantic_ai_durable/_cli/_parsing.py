@@ -104,7 +104,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog=prog,
-        description='Inspect a pydantic-ai-durable journal: list, show, delete and prune executions.',
+        description='Inspect a pydantic-ai-durable journal: list, show, delete, prune, export, import, fork.',
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -117,10 +117,43 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         ('delete', 'delete everything recorded for one execution'),
         ('prune', 'delete finished executions whose retention ended, or any not updated for a while'),
         ('rekey', 'rewrite every stored value under the current key of $PYDANTIC_AI_DURABLE_KEYS'),
+        ('export', 'write one execution to a JSON file, to import into any journal'),
+        ('import', 'write an exported execution into the journal, all of it or nothing'),
+        ('fork', 'copy the steps of an execution before a step to a new key, whose retry runs the rest live'),
     ):
         sub[name] = commands.add_parser(name, help=help_text, description=help_text.capitalize() + '.')
         shared(sub[name], top=False)
     sub['show'].add_argument('key', metavar='KEY', help='the execution key')
+    sub['show'].add_argument(
+        '--messages', action='store_true', help="print a run's conversation as pydantic-ai messages (JSON)"
+    )
+    sub['show'].add_argument('--run', default='0', help='with --messages: which run (default 0)')
+    sub['show'].add_argument(
+        '--until', metavar='STEP', type=_step_number, default=None, help='with --messages: only the steps before STEP'
+    )
+    sub['export'].add_argument('key', metavar='KEY', help='the execution key')
+    sub['export'].add_argument(
+        '-o', '--output', metavar='FILE', default=None, help='the file to write (default: stdout)'
+    )
+    sub['export'].add_argument(
+        '--plaintext',
+        action='store_true',
+        help="decrypt an encrypted journal's payloads into the file (needs $PYDANTIC_AI_DURABLE_KEYS)",
+    )
+    sub['import'].add_argument('file', metavar='FILE', help='an export file, or - for stdin')
+    sub['import'].add_argument('--as', dest='as_key', metavar='KEY', default=None, help='import under another key')
+    sub['import'].add_argument(
+        '--force', action='store_true', help='replace an execution stored under the key (never a running one)'
+    )
+    sub['fork'].add_argument('key', metavar='KEY', help='the execution to fork (only read)')
+    sub['fork'].add_argument('new_key', metavar='NEW_KEY', help='the key of the new execution')
+    sub['fork'].add_argument(
+        '--at',
+        metavar='[RUN:]STEP',
+        type=_step_argument,
+        required=True,
+        help='the first step to run live, as show numbers it',
+    )
     sub['delete'].add_argument('key', metavar='KEY', help='the execution key')
     sub['delete'].add_argument(
         '--force', action='store_true', help='delete even while a live attempt holds the execution'
@@ -140,6 +173,21 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         '(without it: finished executions whose retention ended)',
     )
     return parser
+
+
+def _step_number(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f'invalid step {text!r}: a step number as `show` prints it')
+    return int(text)
+
+
+def _step_argument(text: str) -> tuple[str, int]:
+    run, _, step = text.strip().rpartition(':')
+    if not step.isdigit() or (run and not run.isdigit()):
+        raise argparse.ArgumentTypeError(
+            f'invalid step {text!r}: a step number as `show` prints it, or RUN:STEP (4, 1:4)'
+        )
+    return run or '0', int(step)
 
 
 def _states_argument(text: str) -> tuple[ExecutionState, ...]:

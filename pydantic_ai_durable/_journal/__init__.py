@@ -6,11 +6,14 @@ agent. Its modules, bottom up: `_records` (stored shapes), `_stats`, `_lease`, `
 as its runs see it), `_step`, `_pool` (argument matching, DV-2), `_fences` (failure fences), `_run` and
 `_attempt`; beside them, for job queues, `_sweep` (hands interrupted executions back) and `_retry` (when
 a task that met a busy, lost or failing journal runs again), and `_rekey` (rewrites every value under the
-current encryption key). The rest of the
-package imports the names below from here.
+current encryption key); `_export`, `_import`, `_transfer` (executions moved between journals, or forked)
+and `_conversation` (a run read back as messages). The rest of the package imports the names below from here.
 """
 
 from ._attempt import Attempt, CleanupMode
+from ._conversation import recorded_conversation
+from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits
+from ._import import ImportReport
 from ._records import ENTRY_VERSION, Kind
 from ._rekey import RekeyReport, rekey
 from ._retry import retry_delay
@@ -18,16 +21,21 @@ from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Divergence, Stats, StepOutcome
 from ._step import STEP_OBSERVER, SimulatedCrash, Step, StepPoint, current_step
 from ._sweep import DISPATCHED, sweep_interrupted
+from ._transfer import copy_execution, export_execution, fork_execution, import_execution
 
 __all__ = (
     'DISPATCHED',
     'ENTRY_VERSION',
+    'EXPORT_FORMAT',
+    'EXPORT_VERSION',
     'STEP_OBSERVER',
     'Attempt',
     'CleanupMode',
     'Divergence',
     'DivergenceMode',
+    'ImportReport',
     'Kind',
+    'Limits',
     'RekeyReport',
     'Run',
     'SimulatedCrash',
@@ -36,7 +44,12 @@ __all__ = (
     'StepOutcome',
     'StepPoint',
     'check_divergence_mode',
+    'copy_execution',
     'current_step',
+    'export_execution',
+    'fork_execution',
+    'import_execution',
+    'recorded_conversation',
     'rekey',
     'retry_delay',
     'sweep_interrupted',

@@ -340,6 +340,7 @@ class Run:
         *,
         to_record: Callable[[Any], Any] | None = None,
         spend: dict[str, Any] | None = None,
+        sent: Any = None,
     ) -> bool:
         """Save a live step's payload (W-1..W-4) and return whether it was stored.
 
@@ -347,7 +348,7 @@ class Run:
         reported as not recorded; a payload the journal cannot encode raises `JournalError` after leaving
         a fence (JF-5).
         `spend` is a snapshot of the run's live spend (with an int `seq`) that rides along with the
-        entry, so counting a step's usage costs no write of its own.
+        entry, so counting a step's usage costs no write of its own; so does `sent`, what the step was asked (XP-5).
         """
         if not step.replayable:
             return False
@@ -355,6 +356,8 @@ class Run:
         entry = self._entry(step)
         if spend is not None:
             entry['usage'] = spend
+        if sent is not None:
+            entry['sent'] = sent
         try:
             recorded = to_record(payload) if to_record is not None else payload
             entry['payload'] = recorded

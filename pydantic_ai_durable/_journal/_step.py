@@ -64,6 +64,7 @@ class RunView(Protocol):
         *,
         to_record: Callable[[Any], Any] | None = None,
         spend: dict[str, Any] | None = None,
+        sent: Any = None,
     ) -> bool: ...
 
     async def keep(self, step: Step) -> None: ...
@@ -124,10 +125,15 @@ class Step:
         self.reached('before_body')
 
     async def record(
-        self, payload: Any, *, to_record: Callable[[Any], Any] | None = None, spend: dict[str, Any] | None = None
+        self,
+        payload: Any,
+        *,
+        to_record: Callable[[Any], Any] | None = None,
+        spend: dict[str, Any] | None = None,
+        sent: Any = None,
     ) -> bool:
         """Save the live result; see `Run.record`."""
-        return await self.run.record(self, payload, to_record=to_record, spend=spend)
+        return await self.run.record(self, payload, to_record=to_record, spend=spend, sent=sent)
 
     async def keep(self) -> None:
         """Write a step replayed by arguments at its own position; see `Run.keep`."""

@@ -91,6 +91,11 @@ class DiskJournal:
         self._heads = Heads(self.path)
         self._sealer = Sealer(encryption)
 
+    @property
+    def encryption(self) -> Encryption | None:
+        """The keys this journal seals and opens values with (EN-1), or `None`."""
+        return self._sealer.encryption
+
     def __repr__(self) -> str:
         shared = f', mode={self.mode:#o}' if self.mode != DEFAULT_MODE else ''
         return f'DiskJournal({str(self.path)!r}, durability={self.durability!r}{shared})'

@@ -70,6 +70,11 @@ class MemoryJournal:
         self._epochs = itertools.count(1)
         self._sealer = Sealer(encryption)
 
+    @property
+    def encryption(self) -> Encryption | None:
+        """The keys this journal seals and opens values with (EN-1), or `None`."""
+        return self._sealer.encryption
+
     def __repr__(self) -> str:
         return f'MemoryJournal(<{len(self._executions)} executions>)'
 

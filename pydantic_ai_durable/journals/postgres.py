@@ -108,6 +108,11 @@ class PostgresJournal:
             describe=lambda: repr(self),
         )
 
+    @property
+    def encryption(self) -> Encryption | None:
+        """The keys this journal seals and opens values with (EN-1), or `None`."""
+        return self._sealer.encryption
+
     def __repr__(self) -> str:
         return f'PostgresJournal({_safe_dsn(self.dsn)!r}, schema={self.schema!r})'
 

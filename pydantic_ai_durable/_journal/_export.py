@@ -1,0 +1,349 @@
+"""An execution as one JSON document: what `export` writes and what `import` checks before it writes (XP-1, XP-4).
+
+The document holds what the journal stores (entries with their fingerprints, run records, the execution
+record), never a lease or an epoch, so it can move between stores. A document is data from outside: it is
+parsed with size and depth limits and every field is checked against the shapes the core writes, so a
+hostile or damaged file is refused with one message naming what is wrong, before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .._errors import ExportInvalid
+from ..journals import SEALED, Encryption, Journal, RunSnapshot, Sealer
+from ._records import ENTRY_VERSION, KINDS
+
+__all__ = (
+    'EXPORT_FORMAT',
+    'EXPORT_VERSION',
+    'Limits',
+    'Payloads',
+    'RunCopy',
+    'Snapshot',
+    'check_key',
+    'parse_document',
+    'read_snapshot',
+    'snapshot_document',
+    'snapshot_from_document',
+)
+
+EXPORT_FORMAT = 'pydantic-ai-durable/execution'
+EXPORT_VERSION = 1
+
+Payloads = Literal['plaintext', 'ciphertext']
+
+_RUN_NAME = re.compile(r'\d{1,9}(?:\.\d{1,9}\.\d{1,9}){0,16}')
+_RECORD_NAME = re.compile(r'[a-z][a-z_]{0,31}')
+_CONTROL = re.compile(r'[\x00-\x1f\x7f-\x9f]')
+_KEY_LIMIT = 1024
+_NAME_LIMIT = 1024
+_POSITION_LIMIT = 10_000_000
+_TOP_FIELDS = frozenset({'format', 'version', 'key', 'payloads', 'key_ids', 'exported', 'state', 'execution', 'runs'})
+_RUN_FIELDS = frozenset({'run', 'entries', 'records'})
+_ENTRY_FIELDS = frozenset({'position', 'entry'})
+_STATES = ('running', 'interrupted', 'failed', 'finished')
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much an imported document may hold: it comes from outside, so nothing in it is unbounded."""
+
+    document_bytes: int = 256 * 1024 * 1024
+    value_bytes: int = 32 * 1024 * 1024
+    """One entry or record, as JSON text: a recorded step larger than this is refused, not written."""
+    depth: int = 200
+    runs: int = 10_000
+    entries: int = 1_000_000
+
+
+@dataclass
+class RunCopy:
+    """One run as it moves between stores: entries by position and run records by name."""
+
+    name: str
+    entries: dict[int, dict[str, Any]] = field(default_factory=dict)
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Snapshot:
+    """One execution as the core stores it, without its lease: what export reads and import writes."""
+
+    key: str
+    record: dict[str, Any]
+    runs: list[RunCopy]
+    state: str
+    payloads: Payloads = 'plaintext'
+
+
+def check_key(key: object, what: str = 'key') -> str:
+    """An execution key from outside: a non-empty string without control characters, of bounded length."""
+    if not isinstance(key, str) or not key:
+        raise ExportInvalid(f'the {what} must be a non-empty string, not {_shown(key)}')
+    if len(key) > _KEY_LIMIT or _CONTROL.search(key):
+        raise ExportInvalid(
+            f'the {what} {_shown(key)} is longer than {_KEY_LIMIT} characters or holds control characters'
+        )
+    return key
+
+
+# -- reading an execution ---------------------------------------------------------------------------
+
+
+async def read_snapshot(journal: Journal, key: str) -> Snapshot | None:
+    """Everything stored for `key`, as the journal hands it back (plain, or sealed when it has no keys)."""
+    record = await journal.read_execution(key)
+    if record is None:
+        return None
+    listed = record.get('runs')
+    names = [run for run in listed if isinstance(run, str)] if isinstance(listed, list) else []
+    runs: list[RunCopy] = []
+    for name in names:
+        stored: RunSnapshot = await journal.read_run(key, name)
+        copy = RunCopy(name)
+        copy.entries = {p: e for p, e in stored.entries.items() if isinstance(e, dict)}
+        copy.records = {n: r for n, r in stored.records.items() if isinstance(r, dict)}
+        runs.append(copy)
+    info = next((item for item in await journal.list_executions() if item.key == key), None)
+    state = info.state if info is not None else 'interrupted'
+    sealed = any(SEALED in value for value in _values(record, runs))
+    return Snapshot(key, record, runs, state, 'ciphertext' if sealed else 'plaintext')
+
+
+def _values(record: dict[str, Any], runs: Iterable[RunCopy]) -> Iterable[dict[str, Any]]:
+    yield record
+    for run in runs:
+        yield from run.entries.values()
+        yield from run.records.values()
+
+
+# -- snapshot -> document ----------------------------------------------------------------------------
+
+
+def snapshot_document(snapshot: Snapshot, seal_with: Encryption | None = None) -> dict[str, Any]:
+    """The export document of a snapshot; `seal_with` seals its plain values, bound to their places (EN-1)."""
+    key, record, runs = snapshot.key, snapshot.record, snapshot.runs
+    payloads = snapshot.payloads
+    if seal_with is not None and payloads == 'plaintext':
+        sealer = Sealer(seal_with)
+        record = sealer.execution(key, record)
+        runs = [
+            RunCopy(
+                run.name,
+                {p: sealer.entry(key, run.name, p, e) for p, e in run.entries.items()},
+                {n: sealer.record(key, run.name, n, r) for n, r in run.records.items()},
+            )
+            for run in runs
+        ]
+        payloads = 'ciphertext'
+    key_ids = sorted({value[SEALED].get('k') for value in _values(record, runs) if isinstance(value.get(SEALED), dict)})
+    return {
+        'format': EXPORT_FORMAT,
+        'version': EXPORT_VERSION,
+        'key': key,
+        'payloads': payloads,
+        'key_ids': [k for k in key_ids if isinstance(k, str)],
+        'exported': time.time(),
+        'state': snapshot.state,
+        'execution': record,
+        'runs': [
+            {
+                'run': run.name,
+                'entries': [{'position': p, 'entry': run.entries[p]} for p in sorted(run.entries)],
+                'records': run.records,
+            }
+            for run in runs
+        ],
+    }
+
+
+# -- document -> snapshot (checked) ------------------------------------------------------------------
+
+
+def parse_document(text: str | bytes, limits: Limits) -> dict[str, Any]:
+    """JSON text of an export, parsed within `limits`; anything else is `ExportInvalid`."""
+    if len(text) > limits.document_bytes:
+        raise ExportInvalid(f'the file is {len(text)} bytes, more than the {limits.document_bytes} an import takes')
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        raise ExportInvalid('the file nests deeper than JSON can be read') from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ExportInvalid(f'the file is not JSON text, or is cut short ({exc})') from None
+    if not isinstance(document, dict):
+        raise ExportInvalid(f'the file holds {type(document).__name__}, not an export (a JSON object)')
+    return document
+
+
+def snapshot_from_document(document: dict[str, Any], limits: Limits, open_with: Encryption | None = None) -> Snapshot:
+    """Check every field of an export document and return what it holds, opened if it was sealed.
+
+    A sealed document is opened with `open_with` at the places it was sealed for, so a value altered or
+    moved inside the file fails here (EN-3), before any write.
+    """
+    _exact(document, _TOP_FIELDS, 'the document')
+    if document['format'] != EXPORT_FORMAT:
+        raise ExportInvalid(f'"format" is {_shown(document["format"])}, not {EXPORT_FORMAT!r}: not an export')
+    if document['version'] != EXPORT_VERSION:
+        raise ExportInvalid(
+            f'"version" is {_shown(document["version"])}; this release reads version {EXPORT_VERSION} only '
+            '(export it again with this release)'
+        )
+    key = check_key(document['key'], '"key"')
+    payloads = document['payloads']
+    if payloads not in ('plaintext', 'ciphertext'):
+        raise ExportInvalid(f'"payloads" is {_shown(payloads)}, not "plaintext" or "ciphertext"')
+    if document['state'] not in _STATES:
+        raise ExportInvalid(f'"state" is {_shown(document["state"])}, not one of {", ".join(_STATES)}')
+    if not isinstance(document['key_ids'], list) or not all(isinstance(k, str) for k in document['key_ids']):
+        raise ExportInvalid('"key_ids" must be a list of strings')
+    exported = document['exported']
+    if isinstance(exported, bool) or not isinstance(exported, (int, float)):
+        raise ExportInvalid('"exported" must be a number (epoch seconds)')
+    record = _value(document['execution'], limits, '"execution"')
+    if record.get('v') != ENTRY_VERSION:
+        raise ExportInvalid(f'"execution" is of format version {_shown(record.get("v"))}, not {ENTRY_VERSION}')
+    runs = _runs(document['runs'], limits)
+    listed = record.get('runs')
+    if not isinstance(listed, list) or sorted(map(str, listed)) != sorted(run.name for run in runs):
+        raise ExportInvalid('"execution.runs" must list exactly the runs the document holds')
+    sealed = payloads == 'ciphertext'
+    if sealed:
+        if open_with is None:
+            ids = ', '.join(document['key_ids']) or '?'
+            raise ExportInvalid(
+                f'the file holds ciphertext (key ids {ids}); importing it needs those keys: pass '
+                'encryption=Encryption({...}) (or set $PYDANTIC_AI_DURABLE_KEYS for the CLI)'
+            )
+        record, runs = _opened(key, record, runs, Sealer(open_with))
+    elif any(SEALED in value for value in _values(record, runs)):
+        raise ExportInvalid('"payloads" says plaintext, but the file holds sealed values')
+    for run in runs:
+        for position, entry in run.entries.items():
+            _check_entry(entry, f'run {run.name}, step {position}')
+    return Snapshot(key, record, runs, document['state'], payloads)
+
+
+def _runs(value: object, limits: Limits) -> list[RunCopy]:
+    if not isinstance(value, list):
+        raise ExportInvalid('"runs" must be a list')
+    if len(value) > limits.runs:
+        raise ExportInvalid(f'the file holds {len(value)} runs, more than {limits.runs}')
+    runs: list[RunCopy] = []
+    seen: set[str] = set()
+    total = 0
+    for index, item in enumerate(value):
+        where = f'"runs"[{index}]'
+        if not isinstance(item, dict):
+            raise ExportInvalid(f'{where} must be an object')
+        _exact(item, _RUN_FIELDS, where)
+        name = item['run']
+        if not isinstance(name, str) or not _RUN_NAME.fullmatch(name):
+            raise ExportInvalid(f'{where}: the run name {_shown(name)} is not one the journal writes (like 0 or 0.3.1)')
+        if name in seen:
+            raise ExportInvalid(f'{where}: run {name} appears twice')
+        seen.add(name)
+        copy = RunCopy(name)
+        entries = item['entries']
+        if not isinstance(entries, list):
+            raise ExportInvalid(f'{where}.entries must be a list')
+        total += len(entries)
+        if total > limits.entries:
+            raise ExportInvalid(f'the file holds more than {limits.entries} entries')
+        for slot, wrapped in enumerate(entries):
+            at = f'{where}.entries[{slot}]'
+            if not isinstance(wrapped, dict):
+                raise ExportInvalid(f'{at} must be an object')
+            _exact(wrapped, _ENTRY_FIELDS, at)
+            position = wrapped['position']
+            if type(position) is not int or not 0 <= position < _POSITION_LIMIT:
+                raise ExportInvalid(f'{at}: the position {_shown(position)} is not a whole number from 0')
+            if position in copy.entries:
+                raise ExportInvalid(f'{at}: run {name} has two entries at position {position}')
+            copy.entries[position] = _value(wrapped['entry'], limits, at)
+        records = item['records']
+        if not isinstance(records, dict):
+            raise ExportInvalid(f'{where}.records must be an object')
+        for record_name, record in records.items():
+            if not _RECORD_NAME.fullmatch(record_name):
+                raise ExportInvalid(
+                    f'{where}.records: the record name {_shown(record_name)} is not one the journal writes'
+                )
+            copy.records[record_name] = _value(record, limits, f'{where}.records.{record_name}')
+        runs.append(copy)
+    return runs
+
+
+def _value(value: object, limits: Limits, where: str) -> dict[str, Any]:
+    """One stored value from the file: an object, of bounded size and depth."""
+    if not isinstance(value, dict):
+        raise ExportInvalid(f'{where} must be an object')
+    size = len(json.dumps(value, separators=(',', ':'), ensure_ascii=True))
+    if size > limits.value_bytes:
+        raise ExportInvalid(f'{where} is {size} bytes of JSON, more than the {limits.value_bytes} one value may take')
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limits.depth:
+            raise ExportInvalid(f'{where} nests deeper than {limits.depth} levels')
+        if isinstance(node, dict):
+            stack.extend((item, depth + 1) for item in node.values())
+        elif isinstance(node, list):
+            stack.extend((item, depth + 1) for item in node)
+    return value
+
+
+def _check_entry(entry: dict[str, Any], where: str) -> None:
+    """An entry must be one the core reads (B-3), with a name a terminal or a path cannot be fooled by."""
+    name = entry.get('name')
+    if entry.get('v') != ENTRY_VERSION or entry.get('kind') not in KINDS or 'payload' not in entry:
+        raise ExportInvalid(f'{where}: not an entry of format version {ENTRY_VERSION} (v, name, kind, payload)')
+    if not isinstance(name, str) or not name or len(name) > _NAME_LIMIT or _CONTROL.search(name):
+        raise ExportInvalid(f'{where}: the step name {_shown(name)} is empty, too long or holds control characters')
+    if name.startswith(('/', '\\')) or any(part == '..' for part in re.split(r'[/\\]', name)):
+        raise ExportInvalid(f'{where}: the step name {_shown(name)} holds path parts')
+    fingerprint = entry.get('fingerprint')
+    if fingerprint is not None and not (
+        isinstance(fingerprint, str) and re.fullmatch(r'[0-9a-f]{16,128}', fingerprint)
+    ):
+        raise ExportInvalid(f'{where}: the fingerprint {_shown(fingerprint)} is not a hex digest')
+
+
+def _opened(
+    key: str, record: dict[str, Any], runs: list[RunCopy], sealer: Sealer
+) -> tuple[dict[str, Any], list[RunCopy]]:
+    try:
+        opened_record = sealer.open_execution(key, record) or {}
+        opened = [
+            RunCopy(
+                run.name,
+                {p: sealer.open_entry(key, run.name, p, e) for p, e in run.entries.items()},
+                {n: sealer.open_record(key, run.name, n, r) for n, r in run.records.items()},
+            )
+            for run in runs
+        ]
+    except Exception as exc:  # JournalCorrupt, EncryptionMismatch: the file is not what was exported
+        raise ExportInvalid(f'the file does not open with the keys given: {exc}') from None
+    return opened_record, opened
+
+
+def _exact(value: dict[str, Any], fields: frozenset[str], where: str) -> None:
+    missing = sorted(fields - value.keys())
+    extra = sorted(set(value) - fields)
+    if missing or extra:
+        parts = ([f'missing {", ".join(missing)}'] if missing else []) + (
+            [f'unknown {", ".join(_shown(x) for x in extra)}'] if extra else []
+        )
+        raise ExportInvalid(f'{where}: {"; ".join(parts)}')
+
+
+def _shown(value: object) -> str:
+    """A value from the file as a message may show it: quoted, escaped, cut short."""
+    text = ascii(value)
+    return text if len(text) <= 80 else text[:77] + '...'
