@@ -87,7 +87,6 @@ def postgres_store(tmp_path: Path) -> Store:
     )
 
 
-
 @pytest.fixture(params=[memory_store, disk_store, postgres_store], ids=['memory', 'disk', 'postgres'])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     made: Store = request.param(tmp_path)

@@ -48,7 +48,6 @@ KEY_A = bytes(range(32))
 KEY_B = bytes(range(32, 64))
 
 
-
 @dataclass
 class Shop:
     """A real agent whose every step carries the marker, and counters of what reached the model and the tool."""

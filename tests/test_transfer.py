@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 from helpers import tool_returns
-from stores import Store, disk_store, memory_store, postgres_store
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from stores import Store, disk_store, memory_store, postgres_store
 
 from pydantic_ai_durable import (
     Durable,
@@ -420,7 +420,9 @@ def _hostile(document: dict[str, Any]) -> dict[str, Callable[[], str | bytes]]:
         'payload of 100 MB': changed(lambda d: entry(1)(d).update(payload='x' * 100_000_000)),
         'terminal escape in a name': changed(lambda d: entry(1)(d).update(name='shop\x1b]0;pwned\x07')),
         'path parts in a name': changed(lambda d: entry(1)(d).update(name='../../etc/passwd')),
-        'path parts in a run': changed(lambda d: (d['runs'][0].update(run='../0'), d['execution'].update(runs=['../0']))),
+        'path parts in a run': changed(
+            lambda d: (d['runs'][0].update(run='../0'), d['execution'].update(runs=['../0']))
+        ),
         'duplicate positions': changed(lambda d: d['runs'][0]['entries'].append(d['runs'][0]['entries'][2])),
         'control character in the key': changed(lambda d: d.update(key='order\r42')),
         'a run not listed': changed(lambda d: d['execution'].update(runs=[])),
