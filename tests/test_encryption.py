@@ -27,7 +27,7 @@ from helpers import Operator, tool_returns
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from stores import Store
+from stores import Store, store  # noqa: F401 (`store` is a fixture)
 
 from pydantic_ai_durable import (
     DiskJournal,

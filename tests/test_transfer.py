@@ -11,18 +11,32 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import tool_returns
+from pg import server_dsn
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, UserPromptPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    UserPromptPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from stores import Store, disk_store, memory_store, postgres_store
 
 from pydantic_ai_durable import (
+    DiskJournal,
     Durable,
     Encryption,
     EncryptionMismatch,
@@ -31,6 +45,7 @@ from pydantic_ai_durable import (
     ImportRefused,
     Limits,
     MemoryJournal,
+    PostgresJournal,
     copy_execution,
     execution,
     export_execution,
@@ -469,3 +484,152 @@ async def _exported() -> dict[str, Any]:
     source = MemoryJournal()
     await _record(source, Shop())
     return await export_execution(source, 'order-42')
+
+
+# -- the command line -------------------------------------------------------------------------------------
+
+
+def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, '-m', 'pydantic_ai_durable', *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=120,
+        env={**os.environ, 'PYTHONIOENCODING': 'utf-8'},
+        check=False,
+    )
+
+
+def _refused(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert 'Traceback' not in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+    return result.stderr
+
+
+def test_xp1_xp3_xp5_cli_export_from_postgres_import_on_disk_fork_and_messages(tmp_path: Path) -> None:
+    production = postgres_store(tmp_path)
+    assert production.cli is not None
+    shop = Shop()
+
+    async def record() -> tuple[str, list[ModelMessage]]:
+        journal = production.make(None)
+        output, _, messages = await _record(journal, shop)
+        await _close(journal)
+        return output, messages
+
+    output, live = asyncio.run(record())
+    exported = tmp_path / 'order-42.json'
+    done = _cli(*production.cli, 'export', 'order-42', '-o', str(exported))
+    assert done.returncode == 0, done.stderr
+    assert 'exported' in done.stdout and 'plaintext' in done.stdout and '6 steps' in done.stdout
+    laptop = tmp_path / 'laptop'  # a journal that does not exist yet: import makes it
+    done = _cli('--journal', str(laptop), 'import', str(exported))
+    assert done.returncode == 0, done.stderr
+    assert "imported 'order-42' (1 run, 6 steps)" in done.stdout
+    assert 'already exists' in _refused(_cli('--journal', str(laptop), 'import', str(exported)))
+    assert _cli('--journal', str(laptop), 'import', str(exported), '--force').returncode == 0
+    assert (
+        _cli('--journal', str(laptop), 'import', '-', '--as', 'from-stdin', stdin=exported.read_text()).returncode == 0
+    )
+
+    messages = _cli('--journal', str(laptop), 'show', 'order-42', '--messages', '--json')
+    assert messages.returncode == 0, messages.stderr
+    assert ModelMessagesTypeAdapter.validate_json(messages.stdout) == live
+    until = _cli('--journal', str(laptop), 'show', 'order-42', '--messages', '--until', '3')
+    assert ModelMessagesTypeAdapter.validate_json(until.stdout) == live[:2]
+
+    done = _cli('--journal', str(laptop), 'fork', 'order-42', 'order-42-retry', '--at', '4', '--json')
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)['steps'] == 4
+    assert "no execution 'nope'" in _refused(_cli('--journal', str(laptop), 'export', 'nope')).lower()
+
+    async def replay() -> None:
+        from pydantic_ai_durable import DiskJournal
+
+        journal = DiskJournal(laptop)
+        for key in ('order-42', 'from-stdin', 'order-42-retry'):
+            async with execution(key, journal=journal):
+                assert (await shop.agent(journal).run(f'order for {MARKER}')).output == output
+        await journal.close()
+
+    asyncio.run(replay())
+    # zero calls for the two imports; the fork at step 4 runs the charge and the final answer again
+    assert (shop.model_calls, shop.effects) == (3 + 1, {'reserve a': 1, 'reserve b': 1, 'charge': 2})
+
+
+def test_xp4_cli_a_hostile_file_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    store = disk_store(tmp_path)
+    assert store.cli is not None
+
+    async def prepare() -> dict[str, Any]:
+        journal = store.make(None)
+        await _record(journal, Shop())
+        await _close(journal)
+        return await _exported()
+
+    document = asyncio.run(prepare())
+    before = store.raw()
+    for case, make in _hostile(document).items():
+        if case == 'payload of 100 MB':
+            continue  # the same check as in Python; not worth 100 MB through a pipe
+        made = make()
+        path = tmp_path / 'hostile.json'
+        path.write_bytes(made if isinstance(made, bytes) else made.encode())
+        line = _refused(_cli(*store.cli, 'import', str(path)))
+        assert 'Not imported' in line and '\x1b' not in line, (case, line)
+    assert 'cannot read' in _refused(_cli(*store.cli, 'import', str(tmp_path / 'missing.json')))
+    assert store.raw() == before
+
+
+def _readme_walkthrough() -> str:
+    text = (Path(__file__).resolve().parent.parent / 'README.md').read_text()
+    section = text.split('## Debugging a production run', 1)[1]
+    return section.split('```bash\n', 1)[1].split('```', 1)[0]
+
+
+def test_xp1_the_readme_walkthrough_runs_as_written_against_a_postgresql_production_journal(tmp_path: Path) -> None:
+    import psycopg
+
+    server = server_dsn()
+    database = f'production_{uuid.uuid4().hex[:12]}'
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE {database}')
+    dsn = server.replace('dbname=postgres', f'dbname={database}')
+    shop = Shop()
+
+    async def record() -> None:
+        journal = PostgresJournal(dsn)  # the default schema, as the README's commands expect
+        await _record(journal, shop)
+        await journal.close()
+
+    asyncio.run(record())
+    bin_dir = str(Path(sys.executable).parent)
+    done = subprocess.run(
+        ['bash', '-e', '-c', _readme_walkthrough()],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, 'PROD': dsn, 'PATH': f'{bin_dir}:{os.environ["PATH"]}'},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+    async def check() -> None:
+        journal = PostgresJournal(dsn)
+        live = await recorded_messages(journal, 'order-42')
+        await journal.close()
+        written = ModelMessagesTypeAdapter.validate_json((tmp_path / 'order-42.messages.json').read_text())
+        assert written == live and len(live) == 6
+        laptop = DiskJournal(tmp_path / 'laptop')
+        assert [info.key for info in await laptop.list_executions()] == ['order-42', 'order-42-fixed']
+        for key in ('order-42', 'order-42-fixed'):
+            async with execution(key, journal=laptop):
+                await shop.agent(laptop).run(f'order for {MARKER}')
+        await laptop.close()
+
+    asyncio.run(check())
+    assert shop.effects == {'reserve a': 1, 'reserve b': 1, 'charge': 2}  # the fork at 4 charged again
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE {database} WITH (FORCE)')

@@ -32,7 +32,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     parser = build_parser(prog or PROG)
     options = parser.parse_args(arguments)  # exits with EXIT_USAGE on a bad command line
     try:
-        target = open_target(options.journal, options.schema, rekeying=options.command == 'rekey')
+        command = options.command
+        target = open_target(options.journal, options.schema, rekeying=command == 'rekey', creating=command == 'import')
         if options.command == 'rekey':
             return rekey_command(target, options.json)
         if options.command == 'list':

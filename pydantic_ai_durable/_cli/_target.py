@@ -70,13 +70,14 @@ def _one_line(exc: BaseException) -> str:
     return f'{type(exc).__name__}: {text}' if text else type(exc).__name__
 
 
-def open_target(value: str | None, schema: str | None, *, rekeying: bool = False) -> Target:
+def open_target(value: str | None, schema: str | None, *, rekeying: bool = False, creating: bool = False) -> Target:
     """The journal `--journal` names, with the keys of `$PYDANTIC_AI_DURABLE_KEYS` if set (EN-5).
 
     Without keys, encrypted values are shown as such; `rekey` needs them, and also reads plain values.
+    `creating` (for `import`, which writes an execution anyway) lets a journal that does not exist yet be made.
     """
     encryption = _keys(required=rekeying)
-    target = _open(value, schema)
+    target = _open(value, schema, creating=creating)
     reseal(target.journal, encryption, 'migrate' if rekeying else ('strict' if encryption is not None else 'show'))
     return target
 
@@ -96,9 +97,9 @@ def _keys(*, required: bool) -> Encryption | None:
         raise Failure(str(exc), EXIT_USAGE) from None
 
 
-def _open(value: str | None, schema: str | None) -> Target:
+def _open(value: str | None, schema: str | None, *, creating: bool) -> Target:
     if value is not None and _is_dsn(value):
-        return _postgres_target(value, schema)
+        return _postgres_target(value, schema, creating=creating)
     if schema is not None:
         raise Failure('--schema applies only to a PostgreSQL journal (a DSN in --journal)', EXIT_USAGE)
     path = Path(value) if value is not None else default_directory()
@@ -106,6 +107,8 @@ def _open(value: str | None, schema: str | None) -> Target:
     # Only the errors name the default, so a user who meant another journal learns how to choose it.
     where = label if value is not None else f'{label} (the default journal; set --journal or PYDANTIC_AI_DURABLE_DIR)'
     try:
+        if creating and not path.exists():
+            return Target(DiskJournal(path), label)
         if not path.exists():
             raise Failure(f'no journal at {where}: the directory does not exist')
         if not path.is_dir():
@@ -117,7 +120,7 @@ def _open(value: str | None, schema: str | None) -> Target:
     return Target(DiskJournal(path), label)
 
 
-def _postgres_target(dsn: str, schema: str | None) -> Target:
+def _postgres_target(dsn: str, schema: str | None, *, creating: bool) -> Target:
     try:
         from ..journals.postgres import PostgresJournal
 
@@ -127,6 +130,8 @@ def _postgres_target(dsn: str, schema: str | None) -> Target:
     except ValueError as exc:
         raise Failure(str(exc), EXIT_USAGE) from None
     label = f'{mask_dsn(dsn)!r} (schema {journal.schema!r})'
+    if creating:
+        return Target(journal, label, dsn)
     # PostgresJournal creates its schema on first use; looking first keeps a typo from creating one.
     try:
         import psycopg
