@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from pg import fresh_schema
 
 from pydantic_ai_durable import DiskJournal, Encryption, MemoryJournal, PostgresJournal
@@ -85,9 +84,3 @@ def postgres_store(tmp_path: Path) -> Store:
         raw,
         cli=['--journal', dsn, '--schema', schema],
     )
-
-
-@pytest.fixture(params=[memory_store, disk_store, postgres_store], ids=['memory', 'disk', 'postgres'])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    made: Store = request.param(tmp_path)
-    return made

@@ -27,7 +27,7 @@ from helpers import Operator, tool_returns
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from stores import Store, store  # noqa: F401 (`store` is a fixture)
+from stores import Store, disk_store, memory_store, postgres_store
 
 from pydantic_ai_durable import (
     DiskJournal,
@@ -46,6 +46,12 @@ MARKER = 'zebra-marker-9f3c'
 SECRET = 'sk-live-7d1e2a44'
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(32, 64))
+
+
+@pytest.fixture(params=[memory_store, disk_store, postgres_store], ids=['memory', 'disk', 'postgres'])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    made: Store = request.param(tmp_path)
+    return made
 
 
 @dataclass
