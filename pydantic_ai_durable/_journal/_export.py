@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -132,15 +132,7 @@ def snapshot_document(snapshot: Snapshot, seal_with: Encryption | None = None) -
     payloads = snapshot.payloads
     if seal_with is not None and payloads == 'plaintext':
         sealer = Sealer(seal_with)
-        record = sealer.execution(key, record)
-        runs = [
-            RunCopy(
-                run.name,
-                {p: sealer.entry(key, run.name, p, e) for p, e in run.entries.items()},
-                {n: sealer.record(key, run.name, n, r) for n, r in run.records.items()},
-            )
-            for run in runs
-        ]
+        record, runs = _each_value(key, record, runs, sealer.execution, sealer.entry, sealer.record)
         payloads = 'ciphertext'
     key_ids = sorted({value[SEALED].get('k') for value in _values(record, runs) if isinstance(value.get(SEALED), dict)})
     return {
@@ -319,18 +311,31 @@ def _opened(
     key: str, record: dict[str, Any], runs: list[RunCopy], sealer: Sealer
 ) -> tuple[dict[str, Any], list[RunCopy]]:
     try:
-        opened_record = sealer.open_execution(key, record) or {}
-        opened = [
-            RunCopy(
-                run.name,
-                {p: sealer.open_entry(key, run.name, p, e) for p, e in run.entries.items()},
-                {n: sealer.open_record(key, run.name, n, r) for n, r in run.records.items()},
-            )
-            for run in runs
-        ]
+        opened_record, opened = _each_value(
+            key, record, runs, sealer.open_execution, sealer.open_entry, sealer.open_record
+        )
     except Exception as exc:  # JournalCorrupt, EncryptionMismatch: the file is not what was exported
         raise ExportInvalid(f'the file does not open with the keys given: {exc}') from None
-    return opened_record, opened
+    return opened_record or {}, opened
+
+
+def _each_value(
+    key: str,
+    record: dict[str, Any],
+    runs: list[RunCopy],
+    on_execution: Callable[[str, Any], Any],
+    on_entry: Callable[[str, str, int, Any], Any],
+    on_record: Callable[[str, str, str, Any], Any],
+) -> tuple[Any, list[RunCopy]]:
+    """Every value of a snapshot passed through the sealer's call for its kind, at its own place."""
+    return on_execution(key, record), [
+        RunCopy(
+            run.name,
+            {p: on_entry(key, run.name, p, e) for p, e in run.entries.items()},
+            {n: on_record(key, run.name, n, r) for n, r in run.records.items()},
+        )
+        for run in runs
+    ]
 
 
 def _exact(value: dict[str, Any], fields: frozenset[str], where: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy as _copy
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,9 +95,9 @@ async def _write(journal: Journal, key: str, snapshot: Snapshot, epoch: int) -> 
     return steps
 
 
-async def _stored(write: object, key: str) -> None:
+async def _stored(write: Awaitable[bool], key: str) -> None:
     try:
-        written = await write  # type: ignore[misc]
+        written = await write
     except LeaseLost:
         raise ImportRefused(
             f'Execution {key!r} was taken over while it was imported; nothing is left of it.', key=key
