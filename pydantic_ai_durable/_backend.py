@@ -7,6 +7,7 @@ recorded, and what the usage ledger must cancel when it replays (A-5, A-6).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
@@ -196,10 +197,12 @@ class DurableBackend(JournalCallableOperationBackend[None]):
             return active.spend.response_received(responses[0], continuation=continuation)
 
         # What this request added to the conversation, so the run reads back as messages (XP-5).
-        sent = {
+        sent: dict[str, Any] = {
             'from': start,
             'messages': active.mask(ModelMessagesTypeAdapter.dump_python(messages[start:], mode='json')),
         }
+        if _STAMPS_MODEL_ID:  # the agent stamps it on the response after this step recorded it
+            sent['model_id'] = _serving_model_id(model_id, cast('RunContext[Any]', ctx))
         token = HOLD_RESPONSES.set(True)
         try:
             payload = await run_live(step, counted, spend=spent, sent=sent)
@@ -249,6 +252,15 @@ def _naming_the_tool(tool_name: str) -> Iterator[None]:
         if isinstance(exc, ResultNotJournalable):
             raise ResultNotJournalable(message, step=exc.step) from exc
         raise JournalError(message) from exc
+
+
+_STAMPS_MODEL_ID = 'model_id' in {f.name for f in dataclasses.fields(ModelResponse)}
+"""Whether this pydantic-ai stamps a response with the id of the model it was sent to (2.68 on)."""
+
+
+def _serving_model_id(model_id: object, ctx: RunContext[Any]) -> str | None:
+    """The id pydantic-ai stamps on a response: the model's registry key or string, else the model's own id."""
+    return cast('str | None', model_id) or getattr(ctx, 'model_id', None) or ctx.model.model_id
 
 
 def _decoded_response(payload: object, decode: Decoder | None) -> tuple[object, ModelResponse] | None:

@@ -44,7 +44,10 @@ def test_perf4_every_benchmark_script_is_covered_here() -> None:
     assert scripts - {'argument_matching'} == set(CASES), 'add the new benchmark script to CASES'
 
 
-@pytest.mark.parametrize('script', sorted(CASES))
+# The fleet script starts Redis and Celery workers: it belongs with the fleet tests (CI's job 2 leaves them out).
+@pytest.mark.parametrize(
+    'script', [pytest.param(name, marks=pytest.mark.fleet) if name == 'fleet' else name for name in sorted(CASES)]
+)
 def test_perf4_benchmark_script_runs(script: str, tmp_path: Path) -> None:
     arguments, expected = CASES[script]
     env = {**os.environ, 'PYTHONPATH': str(ROOT)}

@@ -51,20 +51,23 @@ async def recorded_conversation(journal: Journal, key: str, *, run: str = '0', u
                 'before 0.2, or a step that was replayed by arguments): its conversation cannot be rebuilt.'
             )
         messages = [*messages[:start], *sent['messages']]  # type: ignore[index]
-        messages.append(_response(parsed['payload'], messages[-1] if messages else None))
+        messages.append(_response(parsed['payload'], messages[-1] if messages else None, sent.get('model_id')))  # type: ignore[union-attr]
     return messages
 
 
 _RUN_IDS = ('run_id', 'conversation_id')
 
 
-def _response(payload: Any, request: Any) -> Any:
+def _response(payload: Any, request: Any, model_id: Any) -> Any:
     """The response of a model step's payload (a streamed request wraps it under `response`).
 
-    The run's ids are set on a response after the step recorded it; the request before it carries the same.
+    The run's ids and the model's id are set on a response after the step recorded it; the request before it
+    carries the run's ids, and the step's `sent` record the model's.
     """
     if isinstance(payload, dict) and 'parts' not in payload and isinstance(payload.get('response'), dict):
         payload = payload['response']
     if isinstance(payload, dict) and isinstance(request, dict):
         payload = {**payload, **{k: request[k] for k in _RUN_IDS if payload.get(k) is None and k in request}}
+    if isinstance(payload, dict) and isinstance(model_id, str) and payload.get('model_id') is None:
+        payload = {**payload, 'model_id': model_id}
     return payload
