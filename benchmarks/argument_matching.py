@@ -3,6 +3,7 @@
     python benchmarks/argument_matching.py                 # N = 20, 3 runs per tree: about 6 minutes
     python benchmarks/argument_matching.py --base REV -n 50 -r 5 --gc on
     python benchmarks/argument_matching.py --base d027bf1 --phases replay --model-name gpt-4o   # X-4
+    python benchmarks/argument_matching.py --base ffcca58 --phases record --bare   # what the package adds
 
 A run that never diverges still pays for what DV-2 needs from every step: a second digest of each tool
 call (name and arguments without the call id), two more fields in each tool entry (`call`, `origin`),
@@ -71,6 +72,9 @@ async def _child(
         return MemoryJournal() if journal_kind == 'memory' else DiskJournal(directory / name)
 
     async def attempt(target: Journal, key: str) -> None:
+        if journal_kind == 'bare':  # the agent alone, measured the same way, so the package's share shows
+            await build_agent(steps, [], model_name).run('go', usage_limits=LIMITS)
+            return
         async with execution(key, journal=target, cleanup=keep):
             await build_agent(steps, [Durable()], model_name).run('go', usage_limits=LIMITS)
 
@@ -139,6 +143,11 @@ def main() -> None:
     parser.add_argument('--gc', choices=GC_MODES, default='off', help='garbage collection while measuring')
     parser.add_argument('--phases', nargs='+', choices=PHASES, default=list(PHASES), help='phases to measure')
     parser.add_argument('--model-name', default='bench', help="the workload's model name (default: %(default)s)")
+    parser.add_argument(
+        '--bare',
+        action='store_true',
+        help='also measure the agent without the package, and print what the package adds per round trip',
+    )
     parser.add_argument('--child', nargs=2, metavar=('PHASE', 'JOURNAL'), help=argparse.SUPPRESS)
     parser.add_argument('--dir', type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -157,8 +166,16 @@ def main() -> None:
             'to run (call ids, timestamps, object addresses).'
         )
         names = list(trees)
+        bare = 0.0
+        if args.bare:  # the agent alone does not depend on the tree
+            counts = [
+                _instructions(ROOT, 'record', 'bare', args.n, directory / f'bare-{n}', args.gc, args.model_name)
+                for n in range(args.repeats)
+            ]
+            bare = statistics.median(counts) / args.n
+            print(f'bare agent: {bare:,.0f} per round trip (spread {(max(counts) - min(counts)) / args.n:,.0f})')
         header = f'{"phase":<7} {"journal":<7} ' + ' '.join(f'{name:>16} {"spread":>8}' for name in names)
-        print(header + f' {"added":>16}')
+        print(header + f' {"added":>16}' + ('  package adds: base -> this checkout' if args.bare else ''))
         for phase in args.phases:
             for journal_kind in JOURNALS:
                 runs: dict[str, list[float]] = {name: [] for name in names}
@@ -176,9 +193,16 @@ def main() -> None:
                     + ' '.join(
                         f'{median:>16,.0f} {spread:>8,.0f}' for median, spread in zip(medians, spreads, strict=True)
                     )
-                    + f' {added:>+8,.0f} {added / medians[0]:>+7.2%}',
+                    + f' {added:>+8,.0f} {added / medians[0]:>+7.2%}'
+                    + (_package_share(medians, bare) if args.bare else ''),
                     flush=True,
                 )
+
+
+def _package_share(medians: list[float], bare: float) -> str:
+    """What the package adds per round trip over the bare agent in each tree, and how much that changed."""
+    before, after = medians[0] - bare, medians[1] - bare
+    return f'  {before:,.0f} -> {after:,.0f} ({(after - before) / before:+.1%})'
 
 
 if __name__ == '__main__':

@@ -179,19 +179,25 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         ledger.record_live_model_request(had_request_credit=had_credit)  # may stop the request (U-13)
         await active.spend.request_sent(continuation=continuation)
         responses: list[ModelResponse | None] = []
+        counts: list[dict[str, Any]] = []
 
         async def counted() -> object:
-            # The codec hands the response back unencoded: its tokens are written before it is encoded (UW-1).
+            # The codec hands the response back unencoded: its tokens are counted before it is encoded, and
+            # written with its entry, in the step's one commit (UW-1).
             result = await body()
             if not isinstance(result, Unencoded):
                 return result
             responses.append(result.response)
-            await active.spend.response_arrived(result.response, continuation=continuation)
-            return result.encode()
+            counts.append(active.spend.response_received(result.response, continuation=continuation))
+            try:
+                return result.encode()
+            except Exception:
+                await active.spend.persist(counts[0])  # billed, and no entry will carry it
+                raise
 
         def spent(payload: object) -> dict[str, Any] | None:
-            if responses:
-                return None  # written when the response arrived
+            if counts:
+                return counts[0]
             decoded = _decoded_response(payload, decode)  # another pydantic-ai encoded it itself
             responses.append(decoded[1] if decoded is not None else None)
             return active.spend.response_received(responses[0], continuation=continuation)

@@ -33,9 +33,9 @@ __all__ = (
 )
 
 HOLD_RESPONSES: ContextVar[bool] = ContextVar('pydantic_ai_durable.hold_responses', default=False)
-"""True while a live model step's body runs: its response comes back unencoded, so the step can write the
-response's usage before spending time on encoding it (UW-1), and reads usage off the live response
-instead of decoding the payload a second time (pydantic-ai decodes it once more after `execute`)."""
+"""True while a live model step's body runs: its response comes back unencoded, so the step counts the
+response's usage before encoding it and writes it with the entry (UW-1), and reads usage off the live
+response instead of decoding the payload a second time (pydantic-ai decodes it once more after `execute`)."""
 
 
 _UNSEEN = object()

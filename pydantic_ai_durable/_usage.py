@@ -150,13 +150,9 @@ class RunSpend:
             self._segment = (response.provider_response_id, priced.usage)
         return self.snapshot()
 
-    async def response_arrived(self, response: ModelResponse, *, continuation: bool) -> None:
-        """Count a live response's tokens and persist them at once, before its step is encoded and recorded (UW-1).
-
-        The provider billed the response when it arrived; a process killed before the step's entry is
-        written would otherwise lose its tokens, and a crash loop there would escape the token limits.
-        """
-        await self._run.write_record(_RECORD, self.response_received(response, continuation=continuation))
+    async def persist(self, snapshot: dict[str, Any]) -> None:
+        """Write a snapshot that no entry will carry: a billed response whose step could not be recorded."""
+        await self._run.write_record(_RECORD, snapshot)
 
     def operation_finished(self, payload: object) -> dict[str, Any] | None:
         """Add the usage a live capability operation reported; returns the snapshot to store with its entry."""

@@ -140,8 +140,8 @@ async def test_m5_mixed_agent_resumes_from_a_crash_at_any_step(journal: Journal)
 
 
 async def shop_with_operation_usage() -> tuple[str, dict[str, Any]]:
-    """The output with the usage a crash must leave unchanged: a crash after a model response was billed
-    counts its tokens, like its request, so tokens and requests are not compared here (UW-1)."""
+    """The output with the usage a crash must leave unchanged: a crash inside a model request counts the
+    request (U2-1), and one inside its encoding loses the tokens (UW-1), so neither is compared here."""
     output, usage = await shop_with_usage()
     return output, {ACCRUED: usage[ACCRUED], 'tool_calls': usage['tool_calls']}
 
