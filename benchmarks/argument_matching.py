@@ -56,7 +56,7 @@ async def _child(
 ) -> None:
     """Run one attempt (and the one before it, for a replay) with callgrind collecting only the measured one."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from agent_overhead import LIMITS, build_agent
+    from agent_overhead import LIMITS, _PassThrough, build_agent  # pyright: ignore[reportPrivateUsage]
 
     import pydantic_ai_durable
     from pydantic_ai_durable import DiskJournal, Durable, Journal, MemoryJournal, execution
@@ -74,6 +74,10 @@ async def _child(
     async def attempt(target: Journal, key: str) -> None:
         if journal_kind == 'bare':  # the agent alone, measured the same way, so the package's share shows
             await build_agent(steps, [], model_name).run('go', usage_limits=LIMITS)
+            return
+        if journal_kind == 'layer':  # pydantic-ai's durable layer around each step, with no journal under it
+            async with execution(key, journal=MemoryJournal(), cleanup=keep):
+                await build_agent(steps, [_PassThrough(MemoryJournal())], model_name).run('go', usage_limits=LIMITS)
             return
         async with execution(key, journal=target, cleanup=keep):
             await build_agent(steps, [Durable()], model_name).run('go', usage_limits=LIMITS)
@@ -174,6 +178,12 @@ def main() -> None:
             ]
             bare = statistics.median(counts) / args.n
             print(f'bare agent: {bare:,.0f} per round trip (spread {(max(counts) - min(counts)) / args.n:,.0f})')
+            counts = [
+                _instructions(ROOT, 'record', 'layer', args.n, directory / f'layer-{n}', args.gc, args.model_name)
+                for n in range(args.repeats)
+            ]
+            layer = statistics.median(counts) / args.n - bare
+            print(f"pydantic-ai's durable layer alone (this checkout's Durable, no journal): +{layer:,.0f} per step")
         header = f'{"phase":<7} {"journal":<7} ' + ' '.join(f'{name:>16} {"spread":>8}' for name in names)
         print(header + f' {"added":>16}' + ('  package adds: base -> this checkout' if args.bare else ''))
         for phase in args.phases:

@@ -20,7 +20,7 @@ from pydantic_ai.messages import ModelResponse
 from pydantic_ai.usage import RequestUsage, RunUsage
 
 from ._journal import Run
-from ._usage_math import fill_replayed_cost, subtract_usage
+from ._usage_math import price_live_response, subtract_usage
 
 __all__ = ('RunSpend', 'dump_usage', 'load_usage', 'operation_usage', 'without_operation_usage')
 
@@ -106,16 +106,24 @@ class RunSpend:
         self.earlier = load_usage(snapshot)
         self._seq: int = snapshot['seq'] if snapshot is not None else 0
         self.attempt = RunUsage()
+        self._total = _copy_usage(self.earlier)
+        """`earlier + attempt`, kept up to date by every change rather than summed for every snapshot."""
         self._segment: tuple[str | None, RequestUsage] | None = None
         """The last live segment of a continuation chain: its provider response id and priced usage."""
 
     @property
     def total(self) -> RunUsage:
-        return self.earlier + self.attempt
+        """The run's spend over all its attempts; read it, never change it (use `add`)."""
+        return self._total
+
+    def add(self, usage: RunUsage | RequestUsage) -> None:
+        """Count what this attempt spent: in its own usage and in the total."""
+        self.attempt.incr(usage)
+        self._total.incr(usage)
 
     def snapshot(self) -> dict[str, Any]:
         self._seq += 1
-        return {'seq': self._seq, 'usage': dump_usage(self.total)}
+        return {'seq': self._seq, 'usage': dump_usage(self._total)}
 
     async def request_sent(self, *, continuation: bool) -> None:
         """Count a live request and persist it before the request goes out (write-ahead).
@@ -125,6 +133,7 @@ class RunSpend:
         if continuation:
             return
         self.attempt.requests += 1
+        self._total.requests += 1
         self._segment = None
         await self._run.write_record(_RECORD, self.snapshot())
 
@@ -135,9 +144,7 @@ class RunSpend:
         usage is cumulative: it replaces the previous segment's, as pydantic-ai's merge does.
         """
         if response is not None:
-            priced = copy.copy(response)
-            priced.usage = copy.copy(response.usage)
-            fill_replayed_cost(priced)  # priced the way the graph prices it
+            price_live_response(response)  # before it is encoded: the entry records its price
             previous = self._segment
             if (
                 continuation
@@ -146,8 +153,9 @@ class RunSpend:
                 and (previous[0] == response.provider_response_id)
             ):
                 subtract_usage(self.attempt, previous[1])
-            self.attempt.incr(priced.usage)
-            self._segment = (response.provider_response_id, priced.usage)
+                subtract_usage(self._total, previous[1])
+            self.add(response.usage)
+            self._segment = (response.provider_response_id, copy.copy(response.usage))
         return self.snapshot()
 
     async def persist(self, snapshot: dict[str, Any]) -> None:
@@ -159,7 +167,7 @@ class RunSpend:
         delta = operation_usage(payload)
         if delta is None or not (delta.has_values() or delta.requests or delta.tool_calls):
             return None
-        self.attempt.incr(delta)
+        self.add(delta)
         return self.snapshot()
 
     def tool_call_finished(self, successful: bool, nested: NestedUsage | None = None) -> dict[str, Any] | None:
@@ -172,11 +180,15 @@ class RunSpend:
             return None
         if successful:
             self.attempt.tool_calls += 1
+            self._total.tool_calls += 1
         return self.snapshot()
 
 
 def _copy_usage(usage: RunUsage) -> RunUsage:
-    return dataclasses.replace(usage, details=dict(usage.details))
+    """A copy whose `details` is its own: a shallow copy, five times cheaper than `dataclasses.replace`."""
+    copied = copy.copy(usage)
+    copied.details = dict(usage.details)
+    return copied
 
 
 class NestedUsage:
@@ -207,7 +219,7 @@ class NestedUsage:
         if not (added.has_values() or added.requests or added.tool_calls):
             return None
         self._run_usage.incr(added)
-        self._spend.attempt.incr(added)
+        self._spend.add(added)
         return added
 
     def restore(self) -> None:

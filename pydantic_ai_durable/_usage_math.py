@@ -9,6 +9,7 @@ spend (`_usage`) share it from here.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Mapping
@@ -18,6 +19,11 @@ from typing import Any, Literal
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.usage import RequestUsage, RunUsage
 
+try:  # the graph's own pricing of a response; private, so an older or newer layout falls back to ours
+    from pydantic_ai._genai_prices import fill_response_cost as _graph_prices
+except ImportError:  # pragma: no cover - depends on the installed pydantic-ai
+    _graph_prices = None
+
 __all__ = (
     'SUCCESSFUL_TOOL_RESULT_KINDS',
     'add_usage',
@@ -25,6 +31,7 @@ __all__ = (
     'counter_names',
     'fill_replayed_cost',
     'is_successful_tool_payload',
+    'price_live_response',
     'subtract_request_usage',
     'subtract_usage',
 )
@@ -132,3 +139,17 @@ def is_successful_tool_payload(payload: object) -> bool:
     so there is nothing to cancel for them.
     """
     return isinstance(payload, Mapping) and payload.get('kind') in SUCCESSFUL_TOOL_RESULT_KINDS
+
+
+def price_live_response(response: ModelResponse) -> None:
+    """Price a live response in place, with the function the graph prices it with right after the step.
+
+    The graph never prices a response that already has a cost, so the genai-prices lookup (about 0.2 ms for
+    a known model) is paid once, not once here and once in the graph, and the recorded payload carries the
+    price, which a replay then need not look up again (U-3).
+    """
+    if _graph_prices is None:
+        fill_replayed_cost(response)
+        return
+    with contextlib.suppress(Exception):  # pricing is best effort in the graph too
+        _graph_prices(response)

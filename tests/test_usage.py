@@ -283,24 +283,29 @@ async def test_u3_replayed_priced_response_costs_one_live_charge(new_journal: An
     assert handle.usage.attempt.cost in (None, 0)
 
 
-async def test_x4_a_replayed_response_is_priced_once(new_journal: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The response the ledger priced (U-3) is the one pydantic-ai gets (X-4): its price is looked up once."""
+async def test_x4_u3_a_response_is_priced_once_when_it_arrives_and_its_replay_not_again(
+    new_journal: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live response is priced once, by the step, with the graph's own function; the graph then finds it
+    priced. Its entry records the price, so the response pydantic-ai gets on a replay is priced already (X-4)."""
     import pydantic_ai._genai_prices as prices
     from genai_prices import calc_price
 
     calls, lookups = Calls(), Calls()
-    async with execution('x4-priced', cleanup='keep'):
-        first = await working_agent(new_journal(), calls, tokens_model(calls, turns=2, name='gpt-4o')).run('go')
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         lookups.hit('price')
         return calc_price(*args, **kwargs)
 
     monkeypatch.setattr(prices, 'calc_price', counted)
+    async with execution('x4-priced', cleanup='keep'):
+        first = await working_agent(new_journal(), calls, tokens_model(calls, turns=2, name='gpt-4o')).run('go')
+    assert calls['model'] == 3
+    assert lookups['price'] == 3  # one per live response; 6 when the step and the graph each priced it
     async with execution('x4-priced') as handle:
         second = await working_agent(new_journal(), calls, tokens_model(calls, turns=2, name='gpt-4o')).run('go')
     assert handle.stats.replayed['model'] == 3 and calls['model'] == 3
-    assert lookups['price'] == 3  # one per replayed response; 6 when pydantic-ai priced its own copy again
+    assert lookups['price'] == 3  # the replayed responses carry their recorded price
     assert isinstance(first.usage.cost, Decimal) and second.usage.cost == first.usage.cost
     assert handle.usage.attempt.cost in (None, 0)
 
