@@ -12,16 +12,19 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.usage import RequestUsage, RunUsage
 
+_graph_prices: Callable[[ModelResponse], None] | None
 try:  # the graph's own pricing of a response; private, so an older or newer layout falls back to ours
-    from pydantic_ai._genai_prices import fill_response_cost as _graph_prices
-except ImportError:  # pragma: no cover - depends on the installed pydantic-ai
+    from pydantic_ai import _genai_prices
+
+    _graph_prices = _genai_prices.fill_response_cost
+except (ImportError, AttributeError):  # pragma: no cover - depends on the installed pydantic-ai
     _graph_prices = None
 
 __all__ = (
