@@ -18,7 +18,7 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 
 from ._active_run import active_run
 from ._fingerprint import tool_call_digests
-from ._payloads import check_replayable_payload, decode_payload
+from ._payloads import load_outcome, outcome
 from ._step_runner import replay_tool, run_live_call
 from ._usage import NestedUsage
 
@@ -58,8 +58,9 @@ class JournaledToolset(WrapperToolset[AgentDepsT]):
         replayable = getattr(self.wrapped, 'replayable', True) is not False
         fingerprint, call = tool_call_digests(name, tool_args, ctx.tool_call_id)
         step = active.run.claim(self.step_name(name), 'tool', fingerprint, replayable=replayable, call=call)
-        if await replay_tool(step, check_replayable_payload, active.ledger):
-            return decode_payload(step.payload)  # values are returned, control-flow signals raised (T-5)
+        done = await replay_tool(step, load_outcome, active.ledger)
+        if done is not None:
+            return outcome(done.value)  # values are returned, control-flow signals raised (T-5), decoded once
         active.ledger.record_live_tool_call(step.position, call=call)
         call_ctx = dataclasses.replace(ctx)  # this call's own context, whose usage NestedUsage swaps
         nested = NestedUsage(call_ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)

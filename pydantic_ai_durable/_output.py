@@ -20,7 +20,7 @@ from pydantic_ai.output import OutputContext
 
 from ._active_run import ActiveRun
 from ._fingerprint import tool_call_digests
-from ._payloads import check_replayable_payload, decode_payload
+from ._payloads import CONTROL_FLOW_EXCEPTIONS, load_outcome, outcome
 from ._step_runner import replay_tool, run_live_call
 
 __all__ = ('journal_output_process',)
@@ -95,19 +95,17 @@ async def journal_output_process(
     tool_call = output_context.tool_call
     fingerprint, call = tool_call_digests(name, output, tool_call.tool_call_id if tool_call is not None else None)
     step = active.run.claim(f'{agent_name}__output_function.call:{name}', 'tool', fingerprint, call=call)
-    if await replay_tool(step, lambda payload: _check_loadable(payload, adapter), None):  # not a counted tool call
-        return _decode(step.payload, adapter)  # a recorded retry is raised again (T-5)
+    done = await replay_tool(step, lambda payload: _load(payload, adapter), None)  # not a counted tool call
+    if done is not None:
+        return outcome(done.value)  # a recorded retry is raised again (T-5)
     return await run_live_call(step, lambda: handler(output), tool_name=name, to_record=active.mask)
 
 
-def _check_loadable(payload: object, adapter: TypeAdapter[Any]) -> None:
-    """Reject a recorded result that no longer validates as the function's return type (X-1)."""
-    check_replayable_payload(payload)
-    assert isinstance(payload, dict)
-    if payload.get('kind') == 'tool_return' and 'result' in payload:
-        adapter.validate_python(payload['result'])  # a ValidationError is a ValueError: rejected, runs live
+def _load(payload: object, adapter: TypeAdapter[Any]) -> object:
+    """The recorded result as the function's return type, or the recorded control-flow signal (X-1, X-4).
 
-
-def _decode(payload: object, adapter: TypeAdapter[Any]) -> Any:
-    """The recorded result as the function's return type, or the recorded control-flow signal raised again."""
-    return adapter.validate_python(decode_payload(payload))
+    A result that no longer validates as the return type raises `ValidationError`, a `ValueError`, so the
+    replay is rejected and the function runs live.
+    """
+    loaded = load_outcome(payload)
+    return loaded if isinstance(loaded, CONTROL_FLOW_EXCEPTIONS) else adapter.validate_python(loaded)

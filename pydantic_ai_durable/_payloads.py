@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, ToolFailed
 from pydantic_ai.messages import ToolReturn
 from pydantic_core import PydanticSerializationError
@@ -22,11 +22,12 @@ from ._journal import current_step
 __all__ = (
     'CONTROL_FLOW_EXCEPTIONS',
     'call_and_encode',
-    'check_replayable_payload',
     'decode_payload',
     'encode_exception',
     'encode_result',
     'is_replayable_payload',
+    'load_outcome',
+    'outcome',
     'why_not_journalable',
 )
 
@@ -88,32 +89,50 @@ def encode_exception(exc: BaseException, *, tool_name: str | None = None) -> dic
     return {'kind': kind, 'metadata': metadata}
 
 
-def check_replayable_payload(payload: object) -> None:
-    """Raise `ValueError` for a recorded payload `decode_payload` cannot reproduce: `replay` then runs the step live."""
-    if not is_replayable_payload(payload):
-        raise ValueError('recorded payload has an unknown shape')
-
-
 def is_replayable_payload(payload: object) -> bool:
-    """Tell whether `decode_payload` can reproduce the outcome stored in `payload` (T-6).
+    """Tell whether `load_outcome` can reproduce the outcome stored in `payload` (T-6).
 
     A payload written by another version of this package is then run live again instead of failing the
     execution for good on every attempt.
     """
-    if not isinstance(payload, dict):
+    try:
+        load_outcome(payload)
+    except ValueError:
         return False
+    return True
+
+
+def load_outcome(payload: object) -> object:
+    """The recorded outcome: the value returned, or the control-flow exception raised, as an object (T-5, X-4).
+
+    Raises `ValueError` for a payload it cannot reproduce, which `replay` takes as "run it live" (X-1). The
+    exception is returned rather than raised so a replay's check and its result are one decoding: the
+    executor raises it once the ledger has recorded the replay.
+    """
+    if not isinstance(payload, dict):
+        raise ValueError(f'a tool payload of type {type(payload).__name__}, where a dict with a "kind" is expected')
     kind = payload.get('kind')
     if kind == 'tool_return':
         if 'tool_return' in payload:
-            try:
-                _TOOL_RETURN_ADAPTER.validate_python(payload['tool_return'])
-            except ValidationError:
-                return False
-            return True
-        return 'result' in payload
-    if kind in _MESSAGE_KINDS:
-        return isinstance(payload.get('message'), str)
-    return kind in _METADATA_KINDS
+            return _TOOL_RETURN_ADAPTER.validate_python(payload['tool_return'])  # ValidationError is a ValueError
+        if 'result' in payload:
+            return payload['result']
+    elif kind in _MESSAGE_KINDS:
+        message = payload.get('message')
+        if isinstance(message, str):
+            return ModelRetry(message) if kind == 'model_retry' else ToolFailed(message)
+    elif kind == 'approval_required':
+        return ApprovalRequired(metadata=payload.get('metadata'))
+    elif kind == 'call_deferred':
+        return CallDeferred(metadata=payload.get('metadata'))
+    raise ValueError(f'a tool payload of kind {kind!r} with keys {sorted(map(str, payload))}')
+
+
+def outcome(value: object) -> object:
+    """Return a loaded outcome's value, or raise it if it is a control-flow exception (T-5)."""
+    if isinstance(value, CONTROL_FLOW_EXCEPTIONS):
+        raise value
+    return value
 
 
 def decode_payload(payload: object) -> object:
@@ -122,32 +141,14 @@ def decode_payload(payload: object) -> object:
     Replay must look exactly like the live call to the agent loop: a value comes back, a signal is
     raised with the same message or metadata, and the tool itself is not run.
     """
-    if not isinstance(payload, dict):
+    try:
+        loaded = load_outcome(payload)
+    except ValueError as exc:
         raise JournalError(
-            f'cannot replay a tool payload of type {type(payload).__name__}: expected a dict with a "kind". '
-            'It was probably written by another version of pydantic_ai_durable; clear the execution to run it live.'
-        )
-    kind = payload.get('kind')
-    if kind == 'tool_return':
-        if 'tool_return' in payload:
-            try:
-                return _TOOL_RETURN_ADAPTER.validate_python(payload['tool_return'])
-            except ValidationError as exc:
-                raise JournalError(f'cannot replay a recorded ToolReturn that no longer validates: {exc}') from exc
-        if 'result' in payload:
-            return payload['result']
-    elif kind in _MESSAGE_KINDS:
-        message = payload.get('message')
-        if isinstance(message, str):
-            raise ModelRetry(message) if kind == 'model_retry' else ToolFailed(message)
-    elif kind == 'approval_required':
-        raise ApprovalRequired(metadata=payload.get('metadata'))
-    elif kind == 'call_deferred':
-        raise CallDeferred(metadata=payload.get('metadata'))
-    raise JournalError(
-        f'cannot replay a tool payload of kind {kind!r} with keys {sorted(map(str, payload))}. '
-        'It was probably written by another version of pydantic_ai_durable; clear the execution to run it live.'
-    )
+            f'cannot replay {exc}. It was probably written by another version of pydantic_ai_durable; clear the '
+            'execution to run it live.'
+        ) from exc
+    return outcome(loaded)
 
 
 _MAX_DEPTH = 254

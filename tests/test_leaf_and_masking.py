@@ -466,3 +466,31 @@ async def test_a9_m6_an_opted_out_tool_runs_live_and_every_step_after_it_still_r
     assert handle.stats.divergences == [] and handle.stats.replayed['other'] >= 1
     live = [(o.kind, o.name.rsplit('.', 1)[-1]) for o in handle.stats.steps if o.outcome == 'live']
     assert live == [('tool', 'call_tool:ping'), ('model', 'request')]  # the final request crashed before
+
+
+async def test_x4_a_leaf_tool_return_replay_is_validated_once(
+    new_journal: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recorded `ToolReturn` is validated by the X-1 check, and that object is what the replay returns."""
+    import pydantic_ai_durable._payloads as payloads
+
+    validations: list[object] = []
+    adapter = payloads._TOOL_RETURN_ADAPTER  # pyright: ignore[reportPrivateUsage]
+
+    class Counting:
+        def validate_python(self, data: object) -> Any:
+            validations.append(data)
+            return adapter.validate_python(data)
+
+    calls = Calls()
+    value = ToolReturn(return_value={'stock': 3}, content='three in stock')
+    with pytest.raises(RuntimeError, match='final request crashed'):
+        async with execution('x4-leaf'):
+            await leaf_agent(new_journal(), calls, lambda item: value, crash_final=True).run('find it')
+    monkeypatch.setattr(payloads, '_TOOL_RETURN_ADAPTER', Counting())
+    async with execution('x4-leaf') as handle:
+        result = await leaf_agent(new_journal(), calls, lambda item: value, crash_final=False).run('find it')
+    assert json.loads(result.output)['returns'] == [{'stock': 3}]
+    assert handle.stats.replayed == {'model': 1, 'tool': 1}
+    assert calls['tool'] == 1
+    assert len(validations) == 1  # two before: the check, then the decode

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from helpers import Calls
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 from pydantic_ai import Agent, ModelRetry, TextOutput, ToolOutput
 from pydantic_ai.messages import ModelMessage, ModelResponse, RetryPromptPart, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -116,3 +116,43 @@ async def test_a11_an_output_function_asking_for_a_retry_is_replayed_as_such(jou
         second = await agent().run('file it')
     assert second.output == first.output
     assert calls.counts == live  # the retry it asked for and its result both replayed
+
+
+validations: list[object] = []
+
+
+class Ticket(BaseModel):
+    """A return type that counts how often pydantic validates it (X-4)."""
+
+    ticket: int
+
+    @model_validator(mode='before')
+    @classmethod
+    def count(cls, data: Any) -> Any:
+        validations.append(data)
+        return data
+
+
+async def test_x4_an_output_function_replay_validates_its_result_once(journal: Journal) -> None:
+    """The X-1 check's validated result is the one handed back: one validation per replay, not two."""
+
+    def open_ticket(title: str) -> Ticket:
+        effects.record('open_ticket')
+        return Ticket(ticket=len(title))
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, {'title': 'disk'}, tool_call_id='o1')])
+
+    def agent() -> Agent[None, Ticket]:
+        return Agent(
+            FunctionModel(model), name='ticketer', output_type=ToolOutput(open_ticket), capabilities=[Durable()]
+        )
+
+    async with execution('x4-output', journal=journal, cleanup='keep'):
+        first = await agent().run('open it')
+    validations.clear()
+    async with execution('x4-output', journal=journal) as handle:
+        second = await agent().run('open it')
+    assert len(validations) == 1  # two before: the check, then the decode
+    assert second.output == first.output == Ticket(ticket=4)
+    assert handle.stats.replayed == {'model': 1, 'tool': 1}

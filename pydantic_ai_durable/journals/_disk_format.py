@@ -31,6 +31,7 @@ import os.path as op
 import re
 import sqlite3
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +242,20 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
         if mode == MODE_RAW and filename is None and type(value) is str:
             return value
         return self._disk.fetch(mode, filename, value, False)  # refused, and reported, as `get` does
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[Callable[[], None]]:
+        """A savepoint in the open transaction; calling what it yields undoes what was written since (CC-9)."""
+        execute = self._con.execute
+        execute('SAVEPOINT journal_write')
+
+        def rollback() -> None:
+            execute('ROLLBACK TO journal_write')
+
+        try:
+            yield rollback
+        finally:
+            execute('RELEASE journal_write')
 
     def put_text(self, key: str, text: str) -> None:
         """What `set(key, text)` does, in one UPDATE when the row exists and has no side file to remove."""

@@ -1,12 +1,14 @@
 """`DiskJournal`: executions in a diskcache directory, the embedded default (J-8, I-4).
 
-The journal protocol over one SQLite database per directory, each write one fenced transaction. What
-the directory must be to be opened is `_disk_directory`'s, the layout of keys and the per-execution
-index (heads) `_disk_heads`', the stored leases `_disk_leases`', and the row format `_disk_format`'s.
+The journal protocol over one SQLite database per directory, each write fenced, the steps one event loop
+writes in a turn committed together (`_disk_commits`). What the directory must be to be opened is
+`_disk_directory`'s, the layout of keys and the per-execution index (heads) `_disk_heads`', the stored
+leases `_disk_leases`', and the row format `_disk_format`'s.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -17,6 +19,7 @@ from typing import Any
 from .._errors import JournalUnavailable
 from . import _json
 from ._common import execution_id, metadata_of, retention_of, state_of, wanted_states
+from ._disk_commits import SharedCommits
 from ._disk_directory import Durability, check_directory, open_cache, place_of, safe_place
 from ._disk_heads import EXPIRY, RESERVE, Heads, delete_run_items, entry_key, expiry_key, record_key
 from ._disk_leases import (
@@ -55,12 +58,13 @@ def default_directory() -> Path:
 class DiskJournal:
     """A journal in a local directory, shared by every process on this host that opens the same path.
 
-    Each write is one SQLite transaction, committed before it returns, so an acknowledged step
-    survives a SIGKILL of the process (B-2); the same transaction checks the writer's lease epoch
-    (B-9). `durability="power"` also waits for the disk (`synchronous=FULL`) so it survives power
-    loss, at the cost of an fsync per step. Entries never expire and are never evicted; only
-    cleanup, `delete` and `prune` remove them. One host only: leases are timed by this host's boot
-    clock, and SQLite over a network file system is not safe for several hosts.
+    Each write is committed before it returns, so an acknowledged step survives a SIGKILL of the
+    process (B-2); the same transaction checks the writer's lease epoch (B-9), and the steps other
+    executions of the process wrote meanwhile share it (CC-9). `durability="power"` also waits for the
+    disk (`synchronous=FULL`) so it survives power loss, at the cost of an fsync per commit. Entries
+    never expire and are never evicted; only cleanup, `delete` and `prune` remove them. One host only:
+    leases are timed by this host's boot clock, and SQLite over a network file system is not safe for
+    several hosts.
 
     The directory and its files are created private to their owner (`mode=0o600`: files `0o600`,
     directories `0o700`, whatever the umask). To share a journal with a group on purpose, pass
@@ -90,6 +94,7 @@ class DiskJournal:
         """The directory's device and inode when the cache was opened: writes go nowhere else (B-15)."""
         self._heads = Heads(self.path)
         self._sealer = Sealer(encryption)
+        self._commits = SharedCommits(self._writable_cache)
 
     @property
     def encryption(self) -> Encryption | None:
@@ -242,8 +247,10 @@ class DiskJournal:
         eid = execution_id(key)
         item = entry_key(eid, run, position)
         if position < self._heads.tops.get((eid, run), 0):  # the head already covers it (read or reserved by us)
-            return self._set(key, run, item, text, epoch=epoch)
-        return self._write(key, run, item, text, epoch=epoch, top=position + 1)
+            return await self._commits.write(functools.partial(self._set, key, run, item, text, epoch=epoch))
+        return await self._commits.write(
+            functools.partial(self._write, key, run, item, text, epoch=epoch, top=position + 1)
+        )
 
     async def write_record(self, key: str, run: str, name: str, value: dict[str, Any], *, epoch: int) -> bool:
         text = _json.dumps(self._sealer.record(key, run, name, value))
@@ -252,8 +259,8 @@ class DiskJournal:
         eid = execution_id(key)
         item = record_key(eid, run, name)
         if name in self._heads.names.get((eid, run), ()):
-            return self._set(key, run, item, text, epoch=epoch)
-        return self._write(key, run, item, text, epoch=epoch, record=name)
+            return await self._commits.write(functools.partial(self._set, key, run, item, text, epoch=epoch))
+        return await self._commits.write(functools.partial(self._write, key, run, item, text, epoch=epoch, record=name))
 
     async def delete_run(self, key: str, run: str, *, epoch: int) -> None:
         eid = execution_id(key)
@@ -408,6 +415,8 @@ class DiskJournal:
             raise
         if granted.holder != holder:
             drop_lock(self.path)
+        else:
+            self._commits.holders += 1
         return granted
 
     async def renew_leases(self, leases: Sequence[LeaseRenewal]) -> list[Lease | None]:
@@ -434,4 +443,5 @@ class DiskJournal:
         except Exception as exc:
             log.debug('releasing a lease failed: %r', exc)
         finally:
+            self._commits.holders = max(0, self._commits.holders - 1)
             drop_lock(self.path)
