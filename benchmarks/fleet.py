@@ -12,7 +12,7 @@ PostgreSQL through PgBouncer in transaction mode), one run prints:
   for Procrastinate);
 - with `--kills`, a second batch of N tasks during which whole workers are SIGKILLed at random and
   replaced, and the time from the last kill to the last task done, against the recovery bound the
-  configuration promises (README "Running a fleet").
+  configuration promises (docs/fleet.md).
 
     python benchmarks/fleet.py                       # N = 200, both engines, every journal (~6 minutes)
     python benchmarks/fleet.py --n 20 --engines celery --journals disk --kills 0
@@ -222,7 +222,7 @@ def recovery(run: Run, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bound(engine: str, journal: str) -> float:
-    """The recovery bound of README "Running a fleet": takeover, then idle, then one sweep round, then the task."""
+    """The recovery bound of docs/fleet.md: takeover, then idle, then one sweep round, then the task."""
     takeover = LEASE_TTL if journal != 'disk' else 0.0
     sweep_round = 1.2 * max(1.0, RESUME_AFTER / 3)
     return takeover + RESUME_AFTER + sweep_round

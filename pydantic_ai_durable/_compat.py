@@ -21,7 +21,7 @@ from ._errors import DurableError
 __all__ = ('PRIVATE_HOOKS', 'TESTED_PYDANTIC_AI', 'check_private_hooks', 'resolve_request_model')
 
 TESTED_PYDANTIC_AI = '2.62 to 2.68'
-"""The pydantic-ai-slim releases CI runs the test suite against (README, compatibility)."""
+"""The pydantic-ai-slim releases CI runs the test suite against (docs/compatibility.md)."""
 
 RESOLVE_MODEL_HOOK = 'BaseDurabilityCapability._resolve_model_for_request'
 

@@ -287,6 +287,21 @@ class Effects:
             (line['prompt'], line['n']) for line in self.lines() if (line['what'], line['phase']) == ('tool', 'end')
         )
 
+    def repeats_no_kill_explains(self, killed: set[int]) -> list[tuple[str, int, list[int]]]:
+        """Tool side effects that ended more than once although the process of an earlier end lived on.
+
+        A worker killed after a tool's side effect ended and before the step's commit returned never had
+        that step acknowledged, so the retry runs it again: at least once is all a SIGKILL there allows.
+        Every end but the last must therefore come from a killed process; any other repeat is a replay bug.
+        """
+        pids: dict[tuple[str, int], list[int]] = {}
+        for line in self.lines():
+            if (line['what'], line['phase']) == ('tool', 'end'):
+                pids.setdefault((line['prompt'], line['n']), []).append(line['pid'])
+        return [
+            (prompt, n, ended) for (prompt, n), ended in pids.items() if any(pid not in killed for pid in ended[:-1])
+        ]
+
     def hold(self, prompt: str, point: str) -> Path:
         path = self.holds / f'hold-{prompt}-{point}'
         path.touch()

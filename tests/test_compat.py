@@ -1,4 +1,4 @@
-"""What the package relies on in pydantic-ai beyond its public API, pinned (README, compatibility).
+"""What the package relies on in pydantic-ai beyond its public API, pinned (docs/compatibility.md).
 
 One private hook remains, `BaseDurabilityCapability._resolve_model_for_request`; the backend also reads
 the shape of each operation's `cache_key`, which pydantic-ai calls opaque. A release that changes either

@@ -1,15 +1,20 @@
-"""The README and docs/rules.md tell the truth about this repository, and need nothing outside it.
+"""The README, the pages under docs/ and docs/rules.md tell the truth about this repository, and need
+nothing outside it.
 
 - The distribution: its name is not the one another project holds on the package index, the extras
   name the package by its own name, every `pip install` line in the docs names this package (or a
   path), and `__version__` is the installed distribution's.
-- Rule ids: every id cited in the README, the CHANGELOG, docs/rules.md, the package, the tests (their
-  text and their names: `test_m5_...` cites M-5, `test_u2_1_...` cites U2-1, `test_dv2_jf5_h7_...`
-  cites DV-2, JF-5 and H-7), the benchmarks and the examples is defined in docs/rules.md, each
-  definition gives its reason, and nothing points to a specification kept elsewhere.
-- The public API: every name of the three `__all__`s, every parameter of every public callable, every
-  method of the `Journal` protocol and every command and option of the CLI appears in the README.
-- The README's code: every ```python block runs as written (see `test_readme_python_block_runs`).
+- Rule ids: every id cited in the README, the docs pages, the CHANGELOG, docs/rules.md, the package,
+  the tests (their text and their names: `test_m5_...` cites M-5, `test_u2_1_...` cites U2-1,
+  `test_dv2_jf5_h7_...` cites DV-2, JF-5 and H-7), the benchmarks and the examples is defined in
+  docs/rules.md, each definition gives its reason, and nothing points to a specification kept elsewhere.
+- The public API: every name of the public modules' `__all__`s, every parameter of every public callable,
+  every method of the `Journal` protocol and every command and option of the CLI appears in the README or
+  in a page under docs/ (the reference lives there).
+- The docs' code: every ```python block of the README and of every page runs as written (see
+  `test_python_block_runs`).
+- The layout: the README is a guide of at most `README_LINES` lines, every page under docs/ is in
+  mkdocs.yml's nav, and the README's links into docs/ reach a page and a heading that exist.
 """
 
 from __future__ import annotations
@@ -41,7 +46,19 @@ from pydantic_ai_durable.journals import Journal
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / 'README.md'
-RULES = ROOT / 'docs' / 'rules.md'
+DOCS = ROOT / 'docs'
+RULES = DOCS / 'rules.md'
+MKDOCS = ROOT / 'mkdocs.yml'
+
+
+def docs_pages() -> list[Path]:
+    """Every page of the docs site: the Markdown files under docs/ (rules.md and architecture.md included)."""
+    return sorted(DOCS.rglob('*.md'))
+
+
+def documented_pages() -> list[Path]:
+    """Where the public API is described and the code is shown: the README, then every page under docs/."""
+    return [README, *docs_pages()]
 
 
 def _text_files() -> Iterator[Path]:
@@ -49,6 +66,7 @@ def _text_files() -> Iterator[Path]:
     yield README
     yield ROOT / 'CHANGELOG.md'
     yield RULES
+    yield from (page for page in docs_pages() if page != RULES)
     for folder, patterns in (
         ('pydantic_ai_durable', ('*.py',)),
         ('tests', ('*.py',)),
@@ -283,9 +301,10 @@ def test_nothing_points_to_a_specification_outside_the_repository() -> None:
 _FENCE = re.compile(r'^```[^\n]*\n(.*?)^```', re.M | re.S)
 
 
-def readme_code(text: str | None = None) -> list[str]:
-    """Every code block and inline code span of the README (a span may wrap over lines)."""
-    text = README.read_text() if text is None else text
+def docs_code(text: str | None = None) -> list[str]:
+    """Every code block and inline code span of the README and the docs pages (a span may wrap over lines)."""
+    if text is None:
+        return [piece for page in documented_pages() for piece in docs_code(page.read_text())]
     blocks = _FENCE.findall(text)
     prose = _FENCE.sub('', text)
     return blocks + re.findall(r'`([^`]+)`', prose)
@@ -316,7 +335,7 @@ def _arguments(code: str, callee: str) -> set[str]:
 
 
 def documented_arguments(callee: str, code: list[str] | None = None) -> set[str]:
-    return set().union(*(_arguments(piece, callee) for piece in (readme_code() if code is None else code)))
+    return set().union(*(_arguments(piece, callee) for piece in (docs_code() if code is None else code)))
 
 
 def _mentioned(name: str, code: list[str]) -> bool:
@@ -380,32 +399,37 @@ def _journal_methods() -> list[str]:
     return sorted(name for name, value in vars(Journal).items() if not name.startswith('_') and callable(value))
 
 
-def test_every_public_name_is_in_the_readme() -> None:
-    code = readme_code()
+def test_every_public_name_is_documented() -> None:
+    code = docs_code()
     missing = [f'{module}.{name}' for module, name, _ in _public_names() if not _mentioned(name, code)]
     missing += [f'Journal.{method}' for method in _journal_methods() if not _called(method, code)]
     missing += [f'Execution.{attribute}' for attribute in _execution_attributes() if f'.{attribute}' not in str(code)]
-    assert missing == [], 'not in any code span of the README: ' + ', '.join(missing)
+    assert missing == [], 'not in any code span of the README or docs/: ' + ', '.join(missing)
 
 
 def _execution_attributes() -> list[str]:
     return sorted(name for name, value in vars(pydantic_ai_durable.Execution).items() if isinstance(value, property))
 
 
-def test_every_parameter_of_a_public_callable_is_in_the_readme() -> None:
-    assert undocumented_parameters(readme_code()) == []
+def test_every_parameter_of_a_public_callable_is_documented() -> None:
+    assert undocumented_parameters(docs_code()) == []
 
 
-def test_the_parameter_check_fails_on_a_parameter_the_readme_leaves_out() -> None:
-    code = readme_code()
+def test_the_parameter_check_fails_on_a_parameter_the_docs_leave_out() -> None:
+    code = docs_code()
     without = [piece.replace('connect_timeout', 'connect_wait') for piece in code]
     assert 'pydantic_ai_durable.PostgresJournal(connect_timeout=...)' in undocumented_parameters(without)
     assert documented_arguments('f', ['f(a, *, b=1)', 'x.f(c="d")', 'f("e", g(h=1))']) == {'a', 'b', 'c'}
 
 
 def _cli_block() -> str:
-    blocks = [block for block in _FENCE.findall(README.read_text()) if block.startswith('pydantic-ai-durable [')]
-    assert len(blocks) == 1, 'the README shows the CLI usage in one block that starts with "pydantic-ai-durable ["'
+    blocks = [
+        block
+        for page in documented_pages()
+        for block in _FENCE.findall(page.read_text())
+        if block.startswith('pydantic-ai-durable [')
+    ]
+    assert len(blocks) == 1, 'the docs show the CLI usage in one block that starts with "pydantic-ai-durable ["'
     return blocks[0]
 
 
@@ -423,7 +447,7 @@ def _cli_surface(parser: argparse.ArgumentParser) -> tuple[set[str], set[str]]:
     return commands, options
 
 
-def test_every_command_and_option_of_the_cli_is_in_the_readme() -> None:
+def test_every_command_and_option_of_the_cli_is_documented() -> None:
     commands, options = _cli_surface(_build_parser('pydantic-ai-durable'))
     assert commands == {'list', 'show', 'delete', 'prune', 'rekey', 'export', 'import', 'fork'}
     block = _cli_block()
@@ -431,14 +455,19 @@ def test_every_command_and_option_of_the_cli_is_in_the_readme() -> None:
     assert [o for o in sorted(options) if not re.search(rf'{re.escape(o)}(?![\w-])', block)] == []
 
 
-# -- every README code block runs ------------------------------------------------------------------
+# -- every code block of the docs runs -------------------------------------------------------------
 
 _PYTHON_FENCE = re.compile(r'^```python\n(.*?)^```', re.M | re.S)
 
 
-def python_blocks() -> list[tuple[int, str]]:
-    text = README.read_text()
-    return [(text.count('\n', 0, match.start()) + 1, match[1]) for match in _PYTHON_FENCE.finditer(text)]
+def python_blocks(page: Path | None = None) -> list[tuple[str, int, str]]:
+    """`(page, line, code)` of every ```python block of the README and the docs pages, or of one page."""
+    blocks = []
+    for path in documented_pages() if page is None else [page]:
+        text = path.read_text()
+        for match in _PYTHON_FENCE.finditer(text):
+            blocks.append((_where(path), text.count('\n', 0, match.start()) + 1, match[1]))
+    return blocks
 
 
 _RUNNER = textwrap.dedent(
@@ -452,7 +481,7 @@ _RUNNER = textwrap.dedent(
     real = pydantic_ai.models.infer_model
 
     def infer_model(model, *args, **kwargs):
-        if model == 'openai:gpt-5':  # the model the README's blocks name
+        if model == 'openai:gpt-5':  # the model the docs' blocks name
             return TestModel()
         return real(model, *args, **kwargs)
 
@@ -461,12 +490,12 @@ _RUNNER = textwrap.dedent(
     if getattr(durable_base, 'infer_model', None) is real:
         durable_base.infer_model = infer_model
 
-    code, line, here, report = sys.argv[1:]
+    code, where, line, here, report = sys.argv[1:]
     os.chdir(here)
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            exec(compile(code, f'README.md, block at line {line}', 'exec'), {'__name__': '__main__'})
+            exec(compile(code, f'{where}, block at line {line}', 'exec'), {'__name__': '__main__'})
     except BaseException:
         result = {'ok': False, 'error': traceback.format_exc()}
     else:
@@ -483,8 +512,8 @@ def _block_environment() -> dict[str, str]:
     return env
 
 
-def run_block(line: int, code: str, directory: Path) -> tuple[bool, str]:
-    """Run one README block in a fresh interpreter in `directory`; return whether it succeeded, and why not."""
+def run_block(line: int, code: str, directory: Path, where: str = 'README.md') -> tuple[bool, str]:
+    """Run one block of page `where` in a fresh interpreter in `directory`; return whether it succeeded, and why not."""
     if code.startswith('# test_') and code.split('\n', 1)[0].endswith('.py'):
         module = directory / code.split('\n', 1)[0].removeprefix('# ').strip()
         module.write_text(code)
@@ -499,7 +528,7 @@ def run_block(line: int, code: str, directory: Path) -> tuple[bool, str]:
         return result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = directory / 'report.json'
     result = subprocess.run(
-        [sys.executable, '-c', _RUNNER, code, str(line), str(directory), str(report)],
+        [sys.executable, '-c', _RUNNER, code, where, str(line), str(directory), str(report)],
         capture_output=True,
         text=True,
         env=_block_environment(),
@@ -511,9 +540,12 @@ def run_block(line: int, code: str, directory: Path) -> tuple[bool, str]:
     return outcome['ok'], outcome['error'] + outcome['output'][-2000:] + result.stderr[-2000:]
 
 
-@pytest.mark.parametrize(('line', 'code'), python_blocks(), ids=[f'line-{line}' for line, _ in python_blocks()])
-def test_readme_python_block_runs(line: int, code: str, tmp_path: Path) -> None:
-    """Each ```python block of the README runs as written, in a fresh interpreter and an empty directory.
+@pytest.mark.parametrize(
+    ('where', 'line', 'code'), python_blocks(), ids=[f'{where}:{line}' for where, line, _ in python_blocks()]
+)
+def test_python_block_runs(where: str, line: int, code: str, tmp_path: Path) -> None:
+    """Each ```python block of the README and of every docs page runs as written, in a fresh interpreter
+    and an empty directory.
 
     The blocks name a real model (`"openai:gpt-5"`), as a user's code does; here pydantic-ai's model
     inference turns exactly that name into `TestModel()`, so the blocks run offline without an API key
@@ -522,14 +554,87 @@ def test_readme_python_block_runs(line: int, code: str, tmp_path: Path) -> None:
     would. A block that is a pytest module (its first line names it, `# test_my_agent.py`) runs under
     pytest, in pytest-asyncio's strict mode. No block is exempt.
     """
-    ok, why = run_block(line, code, tmp_path)
-    assert ok, f'README.md block at line {line} fails:\n{why}'
+    ok, why = run_block(line, code, tmp_path, where)
+    assert ok, f'{where} block at line {line} fails:\n{why}'
 
 
 def test_a_failing_block_is_reported(tmp_path: Path) -> None:
-    ok, why = run_block(1, 'from pydantic_ai_durable import Durable\nDurable(journal=search)\n', tmp_path)
-    assert not ok and "NameError: name 'search' is not defined" in why
+    ok, why = run_block(1, 'from pydantic_ai_durable import Durable\nDurable(journal=search)\n', tmp_path, 'docs/x.md')
+    assert not ok and "NameError: name 'search' is not defined" in why and 'docs/x.md, block at line 1' in why
 
 
-def test_the_readme_has_python_blocks_to_run() -> None:
-    assert len(python_blocks()) >= 8
+def test_the_docs_have_python_blocks_to_run() -> None:
+    """The README keeps its quick start; the pages hold the rest (12 blocks when the reference moved)."""
+    assert len(python_blocks(README)) >= 1
+    assert len(python_blocks()) >= 12
+
+
+# -- the README is a guide, the pages are a site ---------------------------------------------------
+
+README_LINES = 320
+"""The README is the guide (what it is, install, the commands, a quick start, the guarantees, links);
+the reference is in the pages under docs/."""
+
+NOT_IN_NAV = {'architecture.md', 'rules.md'}
+"""Pages that may stay out of mkdocs.yml's nav (both are in it today)."""
+
+
+def test_the_readme_is_a_guide_of_at_most_320_lines() -> None:
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_LINES, f'README.md has {lines} lines: move reference material into a page under docs/'
+
+
+def nav_pages(text: str | None = None) -> list[str]:
+    """The pages mkdocs.yml's `nav` lists, relative to docs/ (read as text: PyYAML may not be installed)."""
+    text = MKDOCS.read_text() if text is None else text
+    nav = re.search(r'^nav:\n((?:[ \t]+.*\n?|\n)*)', text, re.M)
+    assert nav is not None, 'mkdocs.yml has no nav'
+    return re.findall(r'^\s*-\s*(?:[^\n]*?:\s*)?([\w./-]+\.md)\s*$', nav[1], re.M)
+
+
+def test_every_docs_page_is_in_the_mkdocs_nav() -> None:
+    listed = nav_pages()
+    pages = [str(page.relative_to(DOCS)) for page in docs_pages()]
+    assert [page for page in pages if page not in listed and page not in NOT_IN_NAV] == []
+    assert [page for page in listed if page not in pages] == [], 'mkdocs.yml lists pages that do not exist'
+    assert len(listed) == len(set(listed)), 'mkdocs.yml lists a page twice'
+    assert re.search(r'^strict: true$', MKDOCS.read_text(), re.M), 'mkdocs.yml must build strict'
+
+
+def test_the_nav_reader_reads_nested_sections() -> None:
+    text = 'site_name: x\nnav:\n  - Home: index.md\n  - Guide:\n      - A, b: a.md\n      - sub/c.md\nother: 1\n'
+    assert nav_pages(text) == ['index.md', 'a.md', 'sub/c.md']
+
+
+def _slug(heading: str) -> str:
+    """The anchor Python-Markdown's `toc` gives a heading (MkDocs' default): no markup, lower case, dashes."""
+    text = re.sub(r'[^\w\s-]', '', heading.replace('`', '')).strip().lower()
+    return re.sub(r'[-\s]+', '-', text)
+
+
+def _anchors(page: Path) -> set[str]:
+    prose = _FENCE.sub('', page.read_text())
+    return {_slug(heading) for heading in re.findall(r'^#{1,6}\s+(.+?)\s*$', prose, re.M)}
+
+
+def test_the_readme_links_to_pages_and_headings_that_exist() -> None:
+    """MkDocs checks the links between pages (`strict`); the README is not a page, so it is checked here."""
+    links = re.findall(r'\]\((docs/[^)#\s]+)(?:#([^)\s]+))?\)', README.read_text())
+    assert links, 'the README links to no page under docs/'
+    broken = [
+        f'{path}#{anchor}' if anchor else path
+        for path, anchor in links
+        if not (ROOT / path).exists() or (anchor and anchor not in _anchors(ROOT / path))
+    ]
+    assert broken == []
+    assert _slug('Reference: `pydantic_ai_durable.testing`') == 'reference-pydantic_ai_durabletesting'
+
+
+def _walkthrough(page: Path) -> str:
+    section = page.read_text().split('## Debugging a production run', 1)[1]
+    return section.split('```bash\n', 1)[1].split('```', 1)[0]
+
+
+def test_the_readme_walkthrough_is_the_cli_pages() -> None:
+    """tests/test_transfer.py runs the README's walkthrough; the command-line page shows the same commands."""
+    assert _walkthrough(README) == _walkthrough(DOCS / 'cli.md')
