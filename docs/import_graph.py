@@ -45,6 +45,11 @@ def modules(root: Path = ROOT) -> dict[str, Path]:
     return found
 
 
+def packages(root: Path = ROOT) -> set[str]:
+    """The subpackages under `root` (each entered through its `__init__`), by name."""
+    return {name for name, path in modules(root).items() if path.name == '__init__.py' and name != '__init__'}
+
+
 def _package_of(name: str, path: Path) -> list[str]:
     """The package a module's relative imports start from, as name parts (empty: the top package)."""
     parts = [] if name == '__init__' else name.split('.')

@@ -29,7 +29,7 @@ from ._masking import SECRETS, SecretRegistry
 from ._output import journal_output_process
 from ._tracing import traced_run
 from ._usage import RunSpend
-from .journals._protocol import Journal
+from .journals import Journal
 
 __all__ = ('Durable',)
 

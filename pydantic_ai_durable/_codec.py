@@ -20,7 +20,7 @@ from pydantic_core import PydanticSerializationError
 from ._errors import ResultNotJournalable
 from ._journal import current_step
 from ._payloads import why_not_journalable
-from .journals import _json
+from .journals import encodable
 
 __all__ = (
     'HOLD_RESPONSES',
@@ -74,7 +74,7 @@ class JournalCodec:
             encoded = JSON_CODEC.dump(tp, value)
         except (ValueError, RecursionError) as exc:
             raise not_journalable(exc, value) from exc
-        if tp is CallToolResult and not _json.encodable(encoded):
+        if tp is CallToolResult and not encodable(encoded):
             raise not_journalable(ValueError('it cannot be written as JSON text (an integer over 4300 digits?)'))
         return encoded
 

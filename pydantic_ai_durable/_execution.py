@@ -13,12 +13,11 @@ from typing import Any, TypeVar
 from pydantic_ai.usage import RunUsage
 
 from ._errors import DurableError
-from ._journal import Attempt, CleanupMode, DivergenceMode, Stats
+from ._journal import FROM_JOURNAL, Attempt, CleanupMode, DivergenceMode, Stats
+from ._runtime import Retention
 from ._usage import RunSpend
 from ._usage_math import is_successful_tool_payload
-from .journals._protocol import Journal
-from .journals._retention import FROM_JOURNAL, Retention
-from .journals.disk import DiskJournal, default_directory
+from .journals import DiskJournal, Journal, default_directory
 
 __all__ = ('Execution', 'ExecutionUsage', 'current_attempt', 'execution')
 

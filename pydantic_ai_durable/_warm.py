@@ -16,7 +16,7 @@ from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.usage import RequestUsage
 
 from ._codec import Unencoded
-from .journals import _json
+from .journals import dumps
 
 __all__ = ('warm',)
 
@@ -45,7 +45,7 @@ def warm(operation_id: DurableOperationId, bound: BoundDurableOperation[Any, Any
         encoded = codec.dump(_SAMPLE)
         if isinstance(encoded, Unencoded):  # bound inside another model step's body
             encoded = encoded.encode()
-        _json.dumps({'payload': encoded})
+        dumps({'payload': encoded})
         codec.load(encoded)
     except Exception as exc:  # best effort: the real response is encoded the same way and reports its own error
         log.debug('warming the encoders of %r failed: %r', operation_id, exc)

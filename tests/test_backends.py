@@ -23,9 +23,9 @@ from pydantic_ai.messages import ModelResponse, TextPart
 from pydantic_ai.usage import RequestUsage
 
 from pydantic_ai_durable import JournalUnavailable, LeaseLost
+from pydantic_ai_durable._runtime import end_holding, new_holder, start_holding
 from pydantic_ai_durable.journals import DiskJournal, ExecutionInfo, Journal, Lease, LeaseRenewal, RunSnapshot
 from pydantic_ai_durable.journals._common import execution_id
-from pydantic_ai_durable.journals._holder import end_holding, new_holder, start_holding
 
 if TYPE_CHECKING:
     from conftest import BackendCase

@@ -22,8 +22,8 @@ from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 
 from pydantic_ai_durable import ExecutionBusy, JournalError, JournalUnavailable
 from pydantic_ai_durable._journal import Attempt, CleanupMode, Kind, Run, SimulatedCrash, Step
+from pydantic_ai_durable._runtime import end_holding, new_holder, start_holding
 from pydantic_ai_durable.journals import DiskJournal, Journal, MemoryJournal, RunSnapshot
-from pydantic_ai_durable.journals._holder import end_holding, new_holder, start_holding
 
 if TYPE_CHECKING:
     from conftest import BackendCase

@@ -56,12 +56,13 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ),
     ('the journal core', frozenset({'_journal'})),
     ('the journal backends', frozenset({'journals'})),
+    ('the process runtime', frozenset({'_runtime'})),
     ('the errors', frozenset({'_errors'})),
 )
 """Top to bottom: a module imports modules of its own layer or of a layer below it, never above."""
 
 FRAMEWORK = frozenset({'pydantic_ai', 'pydantic', 'pydantic_core'})
-NEUTRAL = ('_journal', 'journals', '_errors')
+NEUTRAL = ('_journal', 'journals', '_runtime', '_errors')
 """Framework-neutral: they know positions, names, fingerprints and JSON payloads, and import no pydantic."""
 FAST = ('__init__', '__main__', '_cli', 'testing', 'testing._plugin')
 """Loaded without pydantic-ai, which takes seconds to import: the package itself, the CLI, the pytest plugin."""
@@ -123,6 +124,35 @@ def test_imports_run_one_way_from_the_capability_down_to_the_journal_backends() 
         if not edge.outside and _rank(edge.target) < _rank(edge.source)
     ]
     assert not against, 'imports against the flow of docs/architecture.md:\n' + '\n'.join(against)
+
+
+def _door_of(name: str) -> str | None:
+    """The package a module belongs to (its `__init__` is the door), or `None` for a module of the root."""
+    parts = name.split('.')
+    return parts[0] if len(parts) > 1 or name in import_graph.packages() else None
+
+
+def test_every_package_is_entered_through_its_init_only() -> None:
+    """A module outside a package imports the package itself, never one of its modules (`journals.disk` neither)."""
+    side_doors = sorted(
+        f'{edge.source} imports {edge.target} (line {edge.line}): import it from {_door_of(edge.target)}'
+        for edge in _edges()
+        if not edge.outside
+        and _door_of(edge.target) is not None
+        and edge.target != _door_of(edge.target)
+        and _door_of(edge.source) != _door_of(edge.target)
+    )
+    assert not side_doors, 'imports through a side door of a package:\n' + '\n'.join(side_doors)
+
+
+def test_the_door_check_sees_a_side_door(tmp_path: Path) -> None:
+    (tmp_path / '__init__.py').write_text('"""A package."""\n')
+    (tmp_path / 'outside.py').write_text('"""Outside."""\nfrom .inner._private import thing\n')
+    (tmp_path / 'inner').mkdir()
+    (tmp_path / 'inner' / '__init__.py').write_text('"""Inner."""\nfrom ._private import thing\n')
+    (tmp_path / 'inner' / '_private.py').write_text('"""Private."""\nthing = 1\n')
+    targets = {edge.target for edge in import_graph.edges(tmp_path) if edge.source == 'outside' and not edge.outside}
+    assert targets == {'inner._private'}
 
 
 def test_the_engine_integrations_use_only_the_public_api() -> None:

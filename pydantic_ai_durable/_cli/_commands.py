@@ -13,12 +13,20 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._journal import rekey
-from .._journal._fences import RunMeta
-from .._journal._records import latest_spend, parse_entry
-from ..journals import KEYS_VARIABLE, SEALED, _json
-from ..journals._common import delete_under_lease, metadata_of, state_of
-from ..journals._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionState, Journal, RunSnapshot
+from .._journal import RunMeta, latest_spend, parse_entry, rekey
+from ..journals import (
+    EXECUTION_STATES,
+    KEYS_VARIABLE,
+    SEALED,
+    ExecutionInfo,
+    ExecutionState,
+    Journal,
+    RunSnapshot,
+    delete_under_lease,
+    dumps,
+    metadata_of,
+    state_of,
+)
 from ._parsing import Duration, run_order
 from ._render import cell, epoch, escape, local, plural, print_json, print_lines, quote, size, table, utc
 from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, Target, run_on
@@ -118,7 +126,7 @@ class _Step:
     @property
     def fields(self) -> dict[str, Any]:
         entry = self.entry if isinstance(self.entry, dict) else {}
-        payload = _json.dumps(entry['payload']) if 'payload' in entry else None
+        payload = dumps(entry['payload']) if 'payload' in entry else None
         sealed = entry.get(SEALED)
         recorded = epoch(entry.get('t'))
         fingerprint = entry.get('fingerprint')

@@ -10,7 +10,7 @@ import argparse
 import re
 from dataclasses import dataclass
 
-from ..journals._protocol import EXECUTION_STATES, ExecutionState
+from ..journals import EXECUTION_STATES, ExecutionState
 
 __all__ = ('PROG', 'Duration', 'build_parser', 'parse_duration', 'run_order')
 

@@ -19,10 +19,7 @@ from typing import TypeVar
 import diskcache  # type: ignore[import-untyped]
 
 from .._errors import JournalError, JournalUnavailable
-from ..journals import KEYS_VARIABLE, Encryption, reseal
-from ..journals._dsn import mask_dsn, scrub
-from ..journals._protocol import Journal
-from ..journals.disk import DiskJournal, default_directory
+from ..journals import KEYS_VARIABLE, DiskJournal, Encryption, Journal, default_directory, mask_dsn, reseal, scrub
 
 __all__ = ('EXIT_NOT_FOUND', 'EXIT_OK', 'EXIT_USAGE', 'Failure', 'Target', 'open_target', 'run_on')
 
@@ -122,7 +119,7 @@ def _open(value: str | None, schema: str | None, *, creating: bool) -> Target:
 
 def _postgres_target(dsn: str, schema: str | None, *, creating: bool) -> Target:
     try:
-        from ..journals.postgres import PostgresJournal
+        from ..journals import PostgresJournal
 
         journal = PostgresJournal(dsn) if schema is None else PostgresJournal(dsn, schema=schema)
     except ImportError as exc:

@@ -13,9 +13,11 @@ and `_conversation` (a run read back as messages). The rest of the package impor
 from ._attempt import Attempt, CleanupMode
 from ._conversation import recorded_conversation
 from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits
+from ._fences import RunMeta
 from ._import import ImportReport
-from ._records import ENTRY_VERSION, Kind
+from ._records import ENTRY_VERSION, Kind, latest_spend, parse_entry
 from ._rekey import RekeyReport, rekey
+from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata
 from ._retry import retry_delay
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Divergence, Stats, StepOutcome
@@ -28,6 +30,8 @@ __all__ = (
     'ENTRY_VERSION',
     'EXPORT_FORMAT',
     'EXPORT_VERSION',
+    'FROM_JOURNAL',
+    'METADATA_LIMIT',
     'STEP_OBSERVER',
     'Attempt',
     'CleanupMode',
@@ -38,17 +42,21 @@ __all__ = (
     'Limits',
     'RekeyReport',
     'Run',
+    'RunMeta',
     'SimulatedCrash',
     'Stats',
     'Step',
     'StepOutcome',
     'StepPoint',
     'check_divergence_mode',
+    'check_metadata',
     'copy_execution',
     'current_step',
     'export_execution',
     'fork_execution',
     'import_execution',
+    'latest_spend',
+    'parse_entry',
     'recorded_conversation',
     'rekey',
     'retry_delay',

@@ -17,12 +17,21 @@ from secrets import token_hex
 from typing import Any, Literal, TypeVar
 
 from .._errors import ExecutionBusy, JournalError, JournalUnavailable, LeaseLost
-from ..journals._holder import end_holding, local_clock, new_holder, start_holding
-from ..journals._protocol import DEADLINE, Journal
-from ..journals._retention import DEFAULT_RETENTION, FROM_JOURNAL, Retention, check_metadata, retention_seconds
+from .._runtime import (
+    DEADLINE,
+    DEFAULT_RETENTION,
+    Retention,
+    end_holding,
+    local_clock,
+    new_holder,
+    retention_seconds,
+    start_holding,
+)
+from ..journals import Journal
 from ._attempt_view import JournalState
 from ._lease import LeaseKeeper, store_identity
 from ._records import ENTRY_VERSION, one_line, readable
+from ._retention import FROM_JOURNAL, check_metadata
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Stats
 from ._step import SimulatedCrash, current_step

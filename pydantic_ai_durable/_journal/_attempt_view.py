@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..journals._protocol import Journal
+from ..journals import Journal
 from ._lease import LeaseKeeper
 from ._stats import Stats
 

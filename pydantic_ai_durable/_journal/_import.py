@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ImportRefused, LeaseLost
+from .._runtime import end_holding, new_holder, start_holding
 from ..journals import Journal, Lease
-from ..journals._holder import end_holding, new_holder, start_holding
 from ._export import RunCopy, Snapshot, check_key, read_snapshot
 from ._fences import RunMeta
 

@@ -18,9 +18,8 @@ import os
 import threading
 
 from .._errors import DurableError, JournalUnavailable, LeaseLost
-from ..journals._background import background
-from ..journals._holder import local_clock
-from ..journals._protocol import Journal, Lease, LeaseRenewal
+from .._runtime import background, local_clock
+from ..journals import Journal, Lease, LeaseRenewal
 
 __all__ = ('LeaseKeeper', 'LeaseRenewer', 'store_identity')
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._errors import LeaseLost
-from ..journals._holder import end_holding, new_holder, start_holding
-from ..journals._protocol import Journal
+from .._runtime import end_holding, new_holder, start_holding
+from ..journals import Journal
 
 __all__ = ('RekeyReport', 'rekey')
 

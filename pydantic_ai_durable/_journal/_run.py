@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from .._errors import JournalError, JournalUnavailable, ReplayDiverged, ResultNotJournalable
-from ..journals._protocol import RunSnapshot
+from ..journals import RunSnapshot
 from ._attempt_view import AttemptView, JournalState
 from ._fences import ErrorNotes, RunMeta, honour_unjournalable, next_meta
 from ._pool import Pool, gather_pool, matchable

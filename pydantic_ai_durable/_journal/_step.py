@@ -14,7 +14,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ..journals._protocol import Journal
+from ..journals import Journal
 from ._attempt_view import AttemptView, JournalState
 from ._records import Kind
 from ._stats import Stats

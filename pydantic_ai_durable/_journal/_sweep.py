@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._errors import LeaseLost
-from ..journals._holder import end_holding, new_holder, start_holding
-from ..journals._protocol import ExecutionInfo, Journal
+from .._runtime import end_holding, new_holder, start_holding
+from ..journals import ExecutionInfo, Journal
 from ._records import ENTRY_VERSION
 
 __all__ = ('DISPATCHED', 'sweep_interrupted')

@@ -1,12 +1,27 @@
-"""Journal backends: one protocol, several stores."""
+"""Journal backends: one protocol, several stores.
 
+The names in `__all__` are public. The others imported here with `as` are this package's door for the rest
+of `pydantic_ai_durable` (the journal core, the CLI, the codec): nothing outside `journals/` imports one of
+its private modules.
+"""
+
+from ._common import delete_under_lease as delete_under_lease
+from ._common import metadata_of as metadata_of
+from ._common import state_of as state_of
+from ._dsn import mask_dsn as mask_dsn
+from ._dsn import scrub as scrub
+from ._json import dumps as dumps
+from ._json import encodable as encodable
+from ._protocol import EXECUTION_STATES as EXECUTION_STATES
 from ._protocol import ExecutionInfo, Journal, Lease, LeaseRenewal, RunSnapshot
+from ._protocol import ExecutionState as ExecutionState
 from ._sealing import KEYS_VARIABLE as KEYS_VARIABLE  # for the CLI
 from ._sealing import SEALED as SEALED
 from ._sealing import Encryption
 from ._sealing import Sealer as Sealer
 from ._sealing import reseal as reseal
 from .disk import DiskJournal
+from .disk import default_directory as default_directory
 from .memory import MemoryJournal
 from .postgres import PostgresJournal
 

@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Collection
 from typing import Any
 
-from ._holder import end_holding, new_holder, start_holding
+from .._runtime import end_holding, new_holder, start_holding
 from ._protocol import EXECUTION_STATES, ExecutionState, Journal, Lease
 
 __all__ = ('delete_under_lease', 'execution_id', 'metadata_of', 'retention_of', 'state_of', 'wanted_states')

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import LeaseLost
+from .._runtime import boot_id, is_proper, local_clock, ours_and_ended, token_of
 from . import _json
-from ._holder import boot_id, is_proper, local_clock, ours_and_ended, token_of
 from ._process_lock import lock_file, lockable
 from ._protocol import Lease
 

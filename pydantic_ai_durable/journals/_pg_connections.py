@@ -28,9 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
 from .._errors import JournalUnavailable
-from ._background import background, call_on
-from ._holder import local_clock
-from ._protocol import DEADLINE
+from .._runtime import DEADLINE, background, call_on, local_clock
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection

@@ -16,8 +16,8 @@ import os
 import threading
 from pathlib import Path
 
+from .._runtime import process_token, token_of
 from ._files import make_directory, open_file
-from ._holder import process_token, token_of
 
 try:
     import fcntl

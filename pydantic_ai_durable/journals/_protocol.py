@@ -8,12 +8,10 @@ surface this small is what lets memory, disk and Postgres pass one contract suit
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 __all__ = (
-    'DEADLINE',
     'EXECUTION_STATES',
     'ExecutionInfo',
     'ExecutionState',
@@ -22,13 +20,6 @@ __all__ = (
     'LeaseRenewal',
     'RunSnapshot',
 )
-
-DEADLINE: ContextVar[float | None] = ContextVar('pydantic_ai_durable.deadline', default=None)
-"""When the caller stops retrying the journal call it makes, on `local_clock()`, or `None`.
-
-A backend that may wait inside a call (for a pooled connection) waits no longer than this, so a journal
-that cannot be reached stops an attempt after `write_timeout`, as a failing write does (JF-2).
-"""
 
 ExecutionState = Literal['running', 'interrupted', 'failed', 'finished']
 """`running`: a live lease; `interrupted`: started, not finished, no live lease (its process died or lost

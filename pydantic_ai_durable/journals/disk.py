@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import JournalUnavailable
+from .._runtime import DEFAULT_RETENTION, Retention, boot_id, local_clock, retention_seconds
 from . import _json
 from ._common import execution_id, metadata_of, retention_of, state_of, wanted_states
 from ._disk_commits import SharedCommits
@@ -32,10 +33,8 @@ from ._disk_leases import (
     store_lease,
 )
 from ._files import DEFAULT_MODE, check_mode
-from ._holder import boot_id, local_clock
 from ._process_lock import drop_lock, hold_lock
 from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
-from ._retention import DEFAULT_RETENTION, Retention, retention_seconds
 from ._sealing import Encryption, Sealer
 
 __all__ = ('DiskJournal', 'default_directory')

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import LeaseLost
+from .._runtime import DEFAULT_RETENTION, Retention, local_clock, ours_and_ended, retention_seconds
 from . import _json
 from ._common import metadata_of, retention_of, state_of, wanted_states
-from ._holder import local_clock, ours_and_ended
 from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
-from ._retention import DEFAULT_RETENTION, Retention, retention_seconds
 from ._sealing import Encryption, Sealer
 
 __all__ = ('MemoryJournal',)

@@ -17,15 +17,14 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, LiteralString
 
 from .._errors import JournalUnavailable, LeaseLost
+from .._runtime import DEFAULT_RETENTION, Retention, ours_and_ended, retention_seconds
 from . import _json
 from ._common import execution_id, metadata_of, retention_of, state_of, wanted_states
 from ._dsn import mask_dsn, scrub
-from ._holder import ours_and_ended
 from ._pg_connections import Connections
 from ._pg_sql import SCHEMA_VERSION, Sql
 from ._pg_values import VALUE_REFUSED, key_bytes, key_text, one_line, storable
 from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
-from ._retention import DEFAULT_RETENTION, Retention, retention_seconds
 from ._sealing import Encryption, Sealer
 
 if TYPE_CHECKING:

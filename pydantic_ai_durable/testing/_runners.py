@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .._journal import StepPoint
-from ..journals import DiskJournal, Journal
-from ..journals._common import delete_under_lease
+from ..journals import DiskJournal, Journal, delete_under_lease
 from ._crash import CrashPlan
 from ._record import Attempt, Event, Recorder, StepRef, run_recorded
 

@@ -18,7 +18,9 @@ import threading
 import time
 
 __all__ = (
+    'boot_id',
     'end_holding',
+    'is_proper',
     'is_this_process',
     'local_clock',
     'new_holder',
