@@ -64,7 +64,7 @@ async def _child(
     print(f'package: {Path(pydantic_ai_durable.__file__).parent}', file=sys.stderr)
     from typing import get_args
 
-    from pydantic_ai_durable._journal import CleanupMode
+    from pydantic_ai_durable._core import CleanupMode
 
     keep = 'keep' if 'keep' in get_args(CleanupMode) else 'never'  # what keeps a finished execution, then and now
 

@@ -10,6 +10,17 @@ async with execution('order-42'):
 
 from typing import TYPE_CHECKING, Any
 
+from ._core import (
+    ImportReport,
+    Limits,
+    Stats,
+    copy_execution,
+    export_execution,
+    fork_execution,
+    import_execution,
+    retry_delay,
+    sweep_interrupted,
+)
 from ._errors import (
     DurableError,
     EncryptionMismatch,
@@ -21,17 +32,6 @@ from ._errors import (
     JournalUnavailable,
     LeaseLost,
     ReplayDiverged,
-)
-from ._journal import (
-    ImportReport,
-    Limits,
-    Stats,
-    copy_execution,
-    export_execution,
-    fork_execution,
-    import_execution,
-    retry_delay,
-    sweep_interrupted,
 )
 from .journals import DiskJournal, Encryption, ExecutionInfo, Journal, MemoryJournal, PostgresJournal
 

@@ -21,12 +21,10 @@ from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
+from ._core import Run
 from ._fingerprint import ModelFingerprinter, RequestPreparer
-from ._journal import Run
-from ._ledger import ReplayUsageLedger
 from ._masking import SecretRegistry
-from ._usage import NestedUsage, RunSpend
-from ._usage_math import is_successful_tool_payload
+from ._usage import NestedUsage, ReplayUsageLedger, RunSpend, is_successful_tool_payload
 
 __all__ = ('ActiveRun', 'ModelResolver', 'activated', 'active_run')
 

@@ -17,18 +17,14 @@ from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset
 
 from ._active_run import ActiveRun, activated, active_run
-from ._backend import DurableBackend
-from ._codec import JOURNAL_CODEC, not_journalable
 from ._compat import check_private_hooks, resolve_request_model
+from ._core import DivergenceMode, SimulatedCrash, check_divergence_mode
 from ._execution import Execution, current_attempt
 from ._fingerprint import ModelFingerprinter, fingerprint_run_start
-from ._journal import DivergenceMode, SimulatedCrash, check_divergence_mode
-from ._leaf import JournaledToolset
-from ._ledger import ReplayUsageLedger
 from ._masking import SECRETS, SecretRegistry
-from ._output import journal_output_process
+from ._steps import JOURNAL_CODEC, DurableBackend, JournaledToolset, journal_output_process, not_journalable
 from ._tracing import traced_run
-from ._usage import RunSpend
+from ._usage import ReplayUsageLedger, RunSpend
 from .journals import Journal
 
 __all__ = ('Durable',)

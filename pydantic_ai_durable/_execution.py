@@ -12,11 +12,10 @@ from typing import Any, TypeVar
 
 from pydantic_ai.usage import RunUsage
 
+from ._core import FROM_JOURNAL, Attempt, CleanupMode, DivergenceMode, Stats
 from ._errors import DurableError
-from ._journal import FROM_JOURNAL, Attempt, CleanupMode, DivergenceMode, Stats
 from ._runtime import Retention
-from ._usage import RunSpend
-from ._usage_math import is_successful_tool_payload
+from ._usage import RunSpend, is_successful_tool_payload
 from .journals import DiskJournal, Journal, default_directory
 
 __all__ = ('Execution', 'ExecutionUsage', 'current_attempt', 'execution')

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
-from ._journal import recorded_conversation
+from ._core import recorded_conversation
 from .journals import Journal
 
 __all__ = ('recorded_messages',)

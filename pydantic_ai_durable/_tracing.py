@@ -22,7 +22,7 @@ from opentelemetry.trace import Span, Tracer
 from opentelemetry.util.types import AttributeValue
 from pydantic_ai.usage import RunUsage
 
-from ._journal import Run, Step
+from ._core import Run, Step
 
 __all__ = (
     'ATTEMPT',

@@ -516,7 +516,7 @@ async def test_x4_a_replay_decodes_each_recorded_payload_once(
     from pydantic_ai.durable_exec import JSON_CODEC as json_codec
     from pydantic_ai.durable_exec import CallToolResult
 
-    import pydantic_ai_durable._codec as codec
+    import pydantic_ai_durable._steps._codec as codec
 
     loads: list[str] = []
 

@@ -827,7 +827,7 @@ async def test_c1_disk_unreadable_head_does_not_orphan_entries(tmp_path: Path) -
 
 
 async def test_c1_disk_cleanup_after_an_unreadable_head_leaves_nothing(tmp_path: Path) -> None:
-    from pydantic_ai_durable._journal import Attempt
+    from pydantic_ai_durable._core import Attempt
 
     path = tmp_path / 'j'
     journal = DiskJournal(path)

@@ -16,7 +16,7 @@ from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.models.function import FunctionModel
 
 from pydantic_ai_durable import Durable, DurableError, MemoryJournal, _compat, execution
-from pydantic_ai_durable._backend import DurableBackend
+from pydantic_ai_durable._steps._backend import DurableBackend
 from pydantic_ai_durable.testing import ScriptedModel, ToolCall
 
 HOOK = _compat.RESOLVE_MODEL_HOOK

@@ -34,7 +34,7 @@ from pydantic_ai_durable import (
     PostgresJournal,
     execution,
 )
-from pydantic_ai_durable._journal import STEP_OBSERVER, SimulatedCrash, Step, StepPoint
+from pydantic_ai_durable._core import STEP_OBSERVER, SimulatedCrash, Step, StepPoint
 
 STEPS = 3
 

@@ -457,7 +457,7 @@ def test_dv3_on_divergence_values_are_checked() -> None:
 
 
 def core_attempt(journal: Journal, **options: Any) -> Any:
-    from pydantic_ai_durable._journal import Attempt
+    from pydantic_ai_durable._core import Attempt
 
     return Attempt('core', journal=journal, default_journal=lambda: journal, cleanup='keep', lease_ttl=30, **options)
 

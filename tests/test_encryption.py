@@ -39,7 +39,7 @@ from pydantic_ai_durable import (
     SecretRegistry,
     execution,
 )
-from pydantic_ai_durable._journal import rekey
+from pydantic_ai_durable._core import rekey
 from pydantic_ai_durable.journals import Journal, reseal
 
 MARKER = 'zebra-marker-9f3c'

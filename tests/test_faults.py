@@ -292,7 +292,7 @@ async def test_jf6_a_result_nested_too_deeply_says_so(toolset_kind: str) -> None
 
 
 def test_jf6_the_shape_of_the_value_decides_between_too_deep_and_circular() -> None:
-    from pydantic_ai_durable._payloads import why_not_journalable
+    from pydantic_ai_durable._steps._payloads import why_not_journalable
 
     deep: list[Any] = []
     for _ in range(300):

@@ -25,8 +25,8 @@ from pg import fresh_schema
 
 from pydantic_ai_durable import DiskJournal, ExecutionBusy, Journal, LeaseLost, PostgresJournal, execution
 from pydantic_ai_durable._cli import main as cli_main
-from pydantic_ai_durable._journal import Attempt
-from pydantic_ai_durable._journal._lease import LeaseRenewer
+from pydantic_ai_durable._core import Attempt
+from pydantic_ai_durable._core._lease import LeaseRenewer
 
 POSIX = pytest.mark.skipif(sys.platform == 'win32', reason='needs POSIX signals')
 

@@ -31,7 +31,7 @@ from pydantic_ai_durable import (
     PostgresJournal,
     execution,
 )
-from pydantic_ai_durable._journal import SimulatedCrash
+from pydantic_ai_durable._core import SimulatedCrash
 from pydantic_ai_durable.testing import crash_at
 
 POSIX = pytest.mark.skipif(sys.platform == 'win32', reason='needs fork and SIGKILL')

@@ -21,7 +21,7 @@ from helpers import Operator
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 
 from pydantic_ai_durable import ExecutionBusy, JournalError, JournalUnavailable
-from pydantic_ai_durable._journal import Attempt, CleanupMode, Kind, Run, SimulatedCrash, Step
+from pydantic_ai_durable._core import Attempt, CleanupMode, Kind, Run, SimulatedCrash, Step
 from pydantic_ai_durable._runtime import end_holding, new_holder, start_holding
 from pydantic_ai_durable.journals import DiskJournal, Journal, MemoryJournal, RunSnapshot
 

@@ -33,28 +33,13 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ('the integrations with other engines', frozenset({'celery', 'procrastinate'})),
     ('entry points', frozenset({'__init__', '__main__', '_cli', 'testing'})),
     ('the capability', frozenset({'_capability'})),
-    ('the step executors', frozenset({'_backend', '_leaf', '_output', '_discovery'})),
+    ('the steps', frozenset({'_steps'})),
     ('the active run and the execution scope', frozenset({'_active_run', '_execution'})),
     (
-        'the pydantic-ai side of a step',
-        frozenset(
-            {
-                '_step_runner',
-                '_ledger',
-                '_usage',
-                '_usage_math',
-                '_fingerprint',
-                '_tracing',
-                '_payloads',
-                '_codec',
-                '_masking',
-                '_compat',
-                '_warm',
-                '_messages',
-            }
-        ),
+        'the pydantic-ai side of a run',
+        frozenset({'_usage', '_fingerprint', '_tracing', '_masking', '_compat', '_messages'}),
     ),
-    ('the journal core', frozenset({'_journal'})),
+    ('the journal core', frozenset({'_core'})),
     ('the journal backends', frozenset({'journals'})),
     ('the process runtime', frozenset({'_runtime'})),
     ('the errors', frozenset({'_errors'})),
@@ -62,7 +47,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 """Top to bottom: a module imports modules of its own layer or of a layer below it, never above."""
 
 FRAMEWORK = frozenset({'pydantic_ai', 'pydantic', 'pydantic_core'})
-NEUTRAL = ('_journal', 'journals', '_runtime', '_errors')
+NEUTRAL = ('_core', 'journals', '_runtime', '_errors')
 """Framework-neutral: they know positions, names, fingerprints and JSON payloads, and import no pydantic."""
 FAST = ('__init__', '__main__', '_cli', 'testing', 'testing._plugin')
 """Loaded without pydantic-ai, which takes seconds to import: the package itself, the CLI, the pytest plugin."""

@@ -472,7 +472,7 @@ async def test_x4_a_leaf_tool_return_replay_is_validated_once(
     new_journal: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A recorded `ToolReturn` is validated by the X-1 check, and that object is what the replay returns."""
-    import pydantic_ai_durable._payloads as payloads
+    import pydantic_ai_durable._steps._payloads as payloads
 
     validations: list[object] = []
     adapter = payloads._TOOL_RETURN_ADAPTER  # pyright: ignore[reportPrivateUsage]

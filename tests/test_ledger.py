@@ -29,8 +29,8 @@ from pydantic_ai.models._continuation import merge_responses
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
-from pydantic_ai_durable._ledger import ReplayUsageLedger
-from pydantic_ai_durable._usage_math import (
+from pydantic_ai_durable._usage._ledger import ReplayUsageLedger
+from pydantic_ai_durable._usage._arithmetic import (
     SUCCESSFUL_TOOL_RESULT_KINDS,
     add_usage,
     fill_replayed_cost,

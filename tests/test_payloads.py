@@ -14,7 +14,7 @@ from pydantic_ai.messages import BinaryContent, ToolReturn
 
 from pydantic_ai_durable._errors import JournalError
 from pydantic_ai_durable._masking import MASK, SecretRegistry
-from pydantic_ai_durable._payloads import (
+from pydantic_ai_durable._steps._payloads import (
     CONTROL_FLOW_EXCEPTIONS,
     call_and_encode,
     decode_payload,

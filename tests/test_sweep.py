@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pydantic_ai_durable import ExecutionInfo, Journal, execution, sweep_interrupted
-from pydantic_ai_durable._journal import SimulatedCrash
+from pydantic_ai_durable._core import SimulatedCrash
 
 IDLE = 0.3
 """Seconds an execution must be left before a sweep dispatches it, and between two dispatches of it."""

@@ -25,7 +25,7 @@ from pydantic_ai.tools import RunContext
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
 from pydantic_ai_durable import Durable, Journal, MemoryJournal, execution
-from pydantic_ai_durable._journal import SimulatedCrash
+from pydantic_ai_durable._core import SimulatedCrash
 from pydantic_ai_durable.testing import crash_at
 
 
@@ -364,7 +364,7 @@ def _operation_payload(delta: RunUsage) -> dict[str, Any]:
 
 
 def test_u16_a_replayed_operation_hands_back_its_value_and_no_usage() -> None:
-    from pydantic_ai_durable._usage import operation_usage, without_operation_usage
+    from pydantic_ai_durable._usage._spend import operation_usage, without_operation_usage
 
     delta = RunUsage(requests=1, tool_calls=1, input_tokens=7, details={'x': 2}, cost=Decimal('0.01'))
     payload = _operation_payload(delta)
@@ -379,7 +379,7 @@ def test_u16_a_replayed_operation_hands_back_its_value_and_no_usage() -> None:
     'payload', [None, 'x', {'value': 1}, {'usage_delta': None}, {'usage_delta': {'input_tokens': 'many'}}]
 )
 def test_u16_payloads_without_a_valid_delta_count_nothing(payload: object) -> None:
-    from pydantic_ai_durable._usage import operation_usage, without_operation_usage
+    from pydantic_ai_durable._usage._spend import operation_usage, without_operation_usage
 
     assert operation_usage(payload) is None
     if not (isinstance(payload, dict) and isinstance(payload.get('usage_delta'), dict)):
@@ -387,7 +387,7 @@ def test_u16_payloads_without_a_valid_delta_count_nothing(payload: object) -> No
 
 
 def test_u2_every_run_usage_field_is_persisted() -> None:
-    from pydantic_ai_durable._usage import _USAGE, dump_usage, load_usage
+    from pydantic_ai_durable._usage._spend import _USAGE, dump_usage, load_usage
 
     usage = RunUsage(requests=1, tool_calls=2, details={'reasoning': 3}, cost=Decimal('0.5'), audio_seconds=1.5)
     for number, field in enumerate(dataclasses.fields(RunUsage), start=10):
@@ -401,7 +401,7 @@ def test_u2_every_run_usage_field_is_persisted() -> None:
 
 
 def test_u2_usage_snapshot_of_an_unexpected_shape_uses_pydantics_dump() -> None:
-    from pydantic_ai_durable._usage import _USAGE, dump_usage
+    from pydantic_ai_durable._usage._spend import _USAGE, dump_usage
 
     usage = RunUsage(requests=1, details={'reasoning': 3})
     usage.details = {'reasoning': True}  # not the int counters the fast copy knows

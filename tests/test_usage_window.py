@@ -186,7 +186,7 @@ async def test_uw_3_the_response_encoder_is_built_before_the_first_request(monke
         return ModelResponse(parts=[TextPart('done')])
 
     monkeypatch.setattr(type(JSON_CODEC), 'dump', watched)
-    warmed = sys.modules.get('pydantic_ai_durable._warm')
+    warmed = sys.modules.get('pydantic_ai_durable._steps._warm')
     if warmed is not None:
         monkeypatch.setattr(warmed, '_WARMED', set())  # as in a fresh process
     agent = Agent(FunctionModel(model, model_name='warm-test'), name='warm_test', capabilities=[Durable()])

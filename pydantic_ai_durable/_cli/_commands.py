@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._journal import RunMeta, latest_spend, parse_entry, rekey
+from .._core import RunMeta, latest_spend, parse_entry, rekey
 from ..journals import (
     EXECUTION_STATES,
     KEYS_VARIABLE,

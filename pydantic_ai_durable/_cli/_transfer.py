@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .._core import Limits, export_execution, fork_execution, import_execution, recorded_conversation
 from .._errors import ExportInvalid, ImportRefused
-from .._journal import Limits, export_execution, fork_execution, import_execution, recorded_conversation
 from ._render import cell, plural, print_json, print_lines, quote
 from ._target import EXIT_USAGE, Failure, Target, run_on
 

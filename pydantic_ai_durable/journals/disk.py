@@ -23,15 +23,7 @@ from ._common import execution_id, metadata_of, retention_of, state_of, wanted_s
 from ._disk_commits import SharedCommits
 from ._disk_directory import Durability, check_directory, open_cache, place_of, safe_place
 from ._disk_heads import EXPIRY, RESERVE, Heads, delete_run_items, entry_key, expiry_key, record_key
-from ._disk_leases import (
-    fence,
-    forget_process,
-    held_alive,
-    next_epoch,
-    proved_dead,
-    read_lease,
-    store_lease,
-)
+from ._disk_leases import fence, forget_process, held_alive, next_epoch, proved_dead, read_lease, store_lease
 from ._files import DEFAULT_MODE, check_mode
 from ._process_lock import drop_lock, hold_lock
 from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot

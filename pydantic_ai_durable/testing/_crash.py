@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .._journal import STEP_OBSERVER, Kind, SimulatedCrash, Step, StepPoint
+from .._core import STEP_OBSERVER, Kind, SimulatedCrash, Step, StepPoint
 
 __all__ = ('CrashPlan', 'SimulatedCrash', 'crash_at')
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from .._journal import StepPoint
+from .._core import StepPoint
 from ..journals import Journal, MemoryJournal
 from ._reports import POINTS, CrashCase, CrashReport, ReplayReport
 from ._runners import ForkServer, InProcess, Scenario, forget, journal_spec, target_of

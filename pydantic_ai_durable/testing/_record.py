@@ -16,8 +16,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core import STEP_OBSERVER, SimulatedCrash, Step, StepPoint, current_step
 from .._execution import execution
-from .._journal import STEP_OBSERVER, SimulatedCrash, Step, StepPoint, current_step
 from ..journals import Journal
 from ._crash import CrashPlan
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from .._journal import StepPoint
+from .._core import StepPoint
 from ._record import StepRef
 
 __all__ = ('POINTS', 'CrashCase', 'CrashReport', 'ReplayReport')

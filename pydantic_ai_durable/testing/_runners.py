@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .._journal import StepPoint
+from .._core import StepPoint
 from ..journals import DiskJournal, Journal, delete_under_lease
 from ._crash import CrashPlan
 from ._record import Attempt, Event, Recorder, StepRef, run_recorded

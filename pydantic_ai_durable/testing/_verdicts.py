@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from typing import Any, cast
 
-from .._journal import StepPoint
+from .._core import StepPoint
 from ._record import Attempt, StepRef
 from ._reports import CrashReport
 

@@ -12,12 +12,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ResultNotJournalable
-from ._journal import Step
-from ._ledger import ReplayUsageLedger
+from .._core import Step
+from .._errors import ResultNotJournalable
+from .._tracing import replayed, traced
+from .._usage import ReplayUsageLedger, is_successful_tool_payload
 from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode
-from ._tracing import replayed, traced
-from ._usage_math import is_successful_tool_payload
 
 __all__ = ('Decoder', 'Replay', 'replay', 'replay_tool', 'run_live', 'run_live_call')
 

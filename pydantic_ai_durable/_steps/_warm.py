@@ -15,8 +15,8 @@ from pydantic_ai.durable_exec import BoundDurableOperation, DurableOperationId, 
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.usage import RequestUsage
 
+from ..journals import dumps
 from ._codec import Unencoded
-from .journals import dumps
 
 __all__ = ('warm',)
 

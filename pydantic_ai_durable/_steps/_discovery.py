@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic_ai.durable_exec import DurableOperationId, ToolsetGetInstructionsId, ToolsetGetToolsId
 
-from ._journal import Step
-from ._tracing import traced
+from .._core import Step
+from .._tracing import traced
 
 __all__ = ('is_discovery', 'verify_listing')
 

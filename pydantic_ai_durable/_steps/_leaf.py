@@ -16,11 +16,11 @@ from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from ._active_run import active_run
-from ._fingerprint import tool_call_digests
+from .._active_run import active_run
+from .._fingerprint import tool_call_digests
+from .._usage import NestedUsage
 from ._payloads import load_outcome, outcome
-from ._step_runner import replay_tool, run_live_call
-from ._usage import NestedUsage
+from ._runner import replay_tool, run_live_call
 
 __all__ = ('JournaledToolset',)
 

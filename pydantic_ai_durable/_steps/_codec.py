@@ -17,10 +17,10 @@ from pydantic_ai.durable_exec import JSON_CODEC, CallToolResult
 from pydantic_ai.messages import ModelResponse
 from pydantic_core import PydanticSerializationError
 
-from ._errors import ResultNotJournalable
-from ._journal import current_step
+from .._core import current_step
+from .._errors import ResultNotJournalable
+from ..journals import encodable
 from ._payloads import why_not_journalable
-from .journals import encodable
 
 __all__ = (
     'HOLD_RESPONSES',

@@ -29,8 +29,8 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
-from ._fingerprint import call_digest
-from ._usage_math import (
+from .._fingerprint import call_digest
+from ._arithmetic import (
     add_usage,
     counter_fields,
     counter_names,

@@ -16,8 +16,8 @@ from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry, T
 from pydantic_ai.messages import ToolReturn
 from pydantic_core import PydanticSerializationError
 
-from ._errors import JournalError, ResultNotJournalable
-from ._journal import current_step
+from .._core import current_step
+from .._errors import JournalError, ResultNotJournalable
 
 __all__ = (
     'CONTROL_FLOW_EXCEPTIONS',

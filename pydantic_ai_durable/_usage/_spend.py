@@ -19,8 +19,8 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.usage import RequestUsage, RunUsage
 
-from ._journal import Run
-from ._usage_math import price_live_response, subtract_usage
+from .._core import Run
+from ._arithmetic import price_live_response, subtract_usage
 
 __all__ = ('RunSpend', 'dump_usage', 'load_usage', 'operation_usage', 'without_operation_usage')
 

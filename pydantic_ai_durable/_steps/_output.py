@@ -18,10 +18,10 @@ from typing import Any
 from pydantic import TypeAdapter
 from pydantic_ai.output import OutputContext
 
-from ._active_run import ActiveRun
-from ._fingerprint import tool_call_digests
+from .._active_run import ActiveRun
+from .._fingerprint import tool_call_digests
 from ._payloads import CONTROL_FLOW_EXCEPTIONS, load_outcome, outcome
-from ._step_runner import replay_tool, run_live_call
+from ._runner import replay_tool, run_live_call
 
 __all__ = ('journal_output_process',)
 

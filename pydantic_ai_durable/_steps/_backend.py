@@ -29,15 +29,15 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
-from ._active_run import ActiveRun, active_run
+from .._active_run import ActiveRun, active_run
+from .._core import Step
+from .._errors import JournalError, ResultNotJournalable
+from .._fingerprint import fingerprint_event, tool_call_digests
+from .._tracing import replayed
+from .._usage import NestedUsage, without_operation_usage
 from ._codec import HOLD_RESPONSES, Loaded, Unencoded, hands_on_loaded
 from ._discovery import is_discovery, verify_listing
-from ._errors import JournalError, ResultNotJournalable
-from ._fingerprint import fingerprint_event, tool_call_digests
-from ._journal import Step
-from ._step_runner import Decoder, replay, replay_tool, run_live
-from ._tracing import replayed
-from ._usage import NestedUsage, without_operation_usage
+from ._runner import Decoder, replay, replay_tool, run_live
 from ._warm import warm
 
 __all__ = ('DurableBackend', 'tool_is_replayable')

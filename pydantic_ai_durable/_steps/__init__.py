@@ -1,0 +1,14 @@
+"""Steps: what carries out each journaled step of an agent run, and what they share.
+
+The executors: `_backend` (every durable operation pydantic-ai routes), `_leaf` (leaf toolsets
+pydantic-ai does not journal), `_output` (output functions), `_discovery` (tool listings verified by
+listing again); what they share: `_runner` (replay or run live and record, the rules of X and W once),
+`_payloads` (the recorded form of tool outcomes), `_codec` (pydantic-ai's payload codec, with the
+decoded replay passed through) and `_warm` (encoders built before the first request).
+"""
+
+from ._backend import DurableBackend as DurableBackend
+from ._codec import JOURNAL_CODEC as JOURNAL_CODEC
+from ._codec import not_journalable as not_journalable
+from ._leaf import JournaledToolset as JournaledToolset
+from ._output import journal_output_process as journal_output_process
