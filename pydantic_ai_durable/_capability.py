@@ -22,7 +22,7 @@ from ._core import DivergenceMode, SimulatedCrash, check_divergence_mode
 from ._execution import Execution, current_attempt
 from ._fingerprint import ModelFingerprinter, fingerprint_run_start
 from ._masking import SECRETS, SecretRegistry
-from ._steps import JOURNAL_CODEC, DurableBackend, JournaledToolset, journal_output_process, not_journalable
+from ._steps import PAYLOAD_CODEC, DurableBackend, DurableLeafToolset, journal_output_process, not_journalable
 from ._tracing import traced_run
 from ._usage import ReplayUsageLedger, RunSpend
 from .journals import Journal
@@ -53,7 +53,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         engine_name='Durable',
         durable_unit_noun='step',
         durable_container_noun='journaled execution',  # pydantic-ai writes "inside a {noun}"
-        codec=JOURNAL_CODEC,
+        codec=PAYLOAD_CODEC,
         serialization_failure=not_journalable,
         sequential_tools_in_durable_context=False,
         unsupported_runtime_toolset_kinds=frozenset({'function', 'mcp', 'dynamic'}),  # A-10
@@ -193,13 +193,13 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         positioned like any other, so nothing of the run goes unjournaled (A-10). Function, dynamic and
         MCP toolsets given at run time are refused by pydantic-ai (`unsupported_runtime_toolset_kinds`),
         as they would bypass the durable units it registered when the agent was built. A
-        `JournaledToolset` is not visited again, so the base class never wraps inside it.
+        `DurableLeafToolset` is not visited again, so the base class never wraps inside it.
         """
 
         def journal(leaf: AbstractToolset[AgentDepsT]) -> AbstractToolset[AgentDepsT]:
             if isinstance(leaf, (FunctionToolset, DynamicToolset)) or _is_mcp_toolset(leaf):
                 return leaf
-            return JournaledToolset(leaf, owner=self, agent_name=self.name)
+            return DurableLeafToolset(leaf, owner=self, agent_name=self.name)
 
         journaled = toolset.visit_and_replace(journal)
         wrapped = super().get_wrapper_toolset(journaled)

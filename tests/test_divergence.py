@@ -480,7 +480,7 @@ async def test_dv2_entries_without_a_call_digest_are_never_matched(backend_journ
 
 async def test_dv2_jf5_h7_a_fence_stops_a_diverged_call_with_the_same_arguments(backend_journal: Journal) -> None:
     from pydantic_ai_durable import JournalError
-    from pydantic_ai_durable.testing._record import Attempt as Events
+    from pydantic_ai_durable.testing._record import AttemptRecord as Events
     from pydantic_ai_durable.testing._record import Recorder
 
     first = core_attempt(backend_journal)

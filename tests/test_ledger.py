@@ -29,7 +29,6 @@ from pydantic_ai.models._continuation import merge_responses
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
-from pydantic_ai_durable._usage._ledger import ReplayUsageLedger
 from pydantic_ai_durable._usage._arithmetic import (
     SUCCESSFUL_TOOL_RESULT_KINDS,
     add_usage,
@@ -38,6 +37,7 @@ from pydantic_ai_durable._usage._arithmetic import (
     subtract_request_usage,
     subtract_usage,
 )
+from pydantic_ai_durable._usage._ledger import ReplayUsageLedger
 
 # -- test data -----------------------------------------------------------------------------------
 

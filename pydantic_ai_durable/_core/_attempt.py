@@ -28,7 +28,7 @@ from .._runtime import (
     start_holding,
 )
 from ..journals import Journal
-from ._attempt_view import JournalState
+from ._attempt_view import StoreHold
 from ._lease import LeaseKeeper, store_identity
 from ._records import ENTRY_VERSION, one_line, readable
 from ._retention import FROM_JOURNAL, check_metadata
@@ -120,8 +120,8 @@ class Attempt:
         self.holder = new_holder()
         self.broken: JournalUnavailable | None = None
         """Set once a journal write failed for good: no step of this attempt starts after it (JF-2)."""
-        self._states: dict[object, JournalState] = {}
-        self._opening: dict[object, asyncio.Future[JournalState]] = {}
+        self._states: dict[object, StoreHold] = {}
+        self._opening: dict[object, asyncio.Future[StoreHold]] = {}
         self._top_runs = 0
         self._nested: Counter[tuple[str, int]] = Counter()
         self.runs: list[Run] = []
@@ -136,13 +136,13 @@ class Attempt:
 
     # -- guarding every journal call ------------------------------------------------------------
 
-    def check(self, state: JournalState) -> None:
+    def check(self, state: StoreHold) -> None:
         """Raise when this attempt may no longer run steps: its lease is lost or its journal failed (B-10, JF-2)."""
         state.keeper.check()
         if self.broken is not None:
             raise JournalUnavailable(str(self.broken))
 
-    async def ensure(self, state: JournalState) -> None:
+    async def ensure(self, state: StoreHold) -> None:
         """`check`, and make sure the lease still holds; called right before a step's body (B-10)."""
         self.check(state)
         await state.keeper.ensure()
@@ -176,7 +176,7 @@ class Attempt:
                 DEADLINE.reset(token)
 
     async def store(
-        self, state: JournalState, what: str, write: Callable[[int], Awaitable[bool]], *, patient: bool = True
+        self, state: StoreHold, what: str, write: Callable[[int], Awaitable[bool]], *, patient: bool = True
     ) -> bool:
         """Write with this attempt's lease epoch (B-9); a store that keeps failing stops the attempt (JF-2).
 
@@ -194,7 +194,7 @@ class Attempt:
             self.broken = error
             raise
 
-    async def _finish_state(self, state: JournalState, error: BaseException | None, *, patient: bool) -> None:
+    async def _finish_state(self, state: StoreHold, error: BaseException | None, *, patient: bool) -> None:
         journal = state.journal
         if error is None and (self.cleanup == 'execution' or (self.cleanup == 'run' and not state.runs)):
 
@@ -213,7 +213,7 @@ class Attempt:
 
     # -- opening ---------------------------------------------------------------------------------
 
-    async def open(self, journal: Journal) -> JournalState:
+    async def open(self, journal: Journal) -> StoreHold:
         """Open `journal` for this attempt once: reachability, lease, execution record (B-5, B-7).
 
         Two journal objects over the same store (two `DiskJournal`s on one directory) share one state,
@@ -231,7 +231,7 @@ class Attempt:
                 self._opening.pop(identity, None)  # a failed opening may be retried by a later run
             raise
 
-    async def _open(self, journal: Journal) -> JournalState:
+    async def _open(self, journal: Journal) -> StoreHold:
         try:
             await journal.open()
         except JournalUnavailable:
@@ -253,7 +253,7 @@ class Attempt:
             ) from exc
         if lease.holder != self.holder:
             raise ExecutionBusy(self.key, holder=lease.holder, expires_at=lease.expires_at)
-        state = JournalState(journal, keeper)
+        state = StoreHold(journal, keeper)
         try:
             await self._start_record(state)
         except BaseException:
@@ -262,7 +262,7 @@ class Attempt:
         self._states[store_identity(journal)] = state
         return state
 
-    async def _start_record(self, state: JournalState) -> None:
+    async def _start_record(self, state: StoreHold) -> None:
         """Read the execution record (a wrong shape counts as empty, B-3) and mark this attempt running.
 
         A record that cannot be read is an error, never an empty execution (JF-1): starting afresh
@@ -353,7 +353,7 @@ class Attempt:
         self.runs.append(run)
         return run
 
-    async def _write_record(self, state: JournalState, **changes: Any) -> None:
+    async def _write_record(self, state: StoreHold, **changes: Any) -> None:
         async with state.lock:
             state.record.update(changes, runs=list(state.runs), updated=time.time())
             record = dict(state.record)

@@ -2,7 +2,7 @@
 
 A run is created by its attempt and calls back into it on every claim and write (to check the lease and
 the store's health, and to retry a failing store, B-10, JF-1, JF-2). `AttemptView` names that part of
-`Attempt`, and `JournalState` is what the attempt holds on one journal store, which the run carries back
+`Attempt`, and `StoreHold` is what the attempt holds on one journal store, which the run carries back
 with each call; both sit below the run and the attempt, so neither module imports the other.
 """
 
@@ -17,11 +17,11 @@ from ..journals import Journal
 from ._lease import LeaseKeeper
 from ._stats import Stats
 
-__all__ = ('AttemptView', 'JournalState')
+__all__ = ('AttemptView', 'StoreHold')
 
 
 @dataclass
-class JournalState:
+class StoreHold:
     """What an attempt holds on one journal: the lease, and the execution record it maintains."""
 
     journal: Journal
@@ -45,10 +45,10 @@ class AttemptView(Protocol):
     rerun_unjournalable: bool
     serves: Callable[[Any], bool]
 
-    def check(self, state: JournalState) -> None: ...
+    def check(self, state: StoreHold) -> None: ...
 
-    async def ensure(self, state: JournalState) -> None: ...
+    async def ensure(self, state: StoreHold) -> None: ...
 
     async def store(
-        self, state: JournalState, what: str, write: Callable[[int], Awaitable[bool]], *, patient: bool = True
+        self, state: StoreHold, what: str, write: Callable[[int], Awaitable[bool]], *, patient: bool = True
     ) -> bool: ...

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from .._errors import JournalError, JournalUnavailable, ReplayDiverged, ResultNotJournalable
 from ..journals import RunSnapshot
-from ._attempt_view import AttemptView, JournalState
+from ._attempt_view import AttemptView, StoreHold
 from ._fences import ErrorNotes, RunMeta, honour_unjournalable, next_meta
 from ._pool import Pool, gather_pool, matchable
 from ._records import ENTRY_VERSION, Kind, latest_spend, one_line, parse_entry, readable
@@ -49,7 +49,7 @@ class Run:
     def __init__(
         self,
         attempt: AttemptView,
-        state: JournalState,
+        state: StoreHold,
         key: str,
         snapshot: RunSnapshot,
         *,

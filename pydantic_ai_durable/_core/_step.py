@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from ..journals import Journal
-from ._attempt_view import AttemptView, JournalState
+from ._attempt_view import AttemptView, StoreHold
 from ._records import Kind
 from ._stats import Stats
 
@@ -52,7 +52,7 @@ class RunView(Protocol):
     attempt: AttemptView
     key: str
     journal: Journal
-    state: JournalState
+    state: StoreHold
 
     @property
     def stats(self) -> Stats: ...

@@ -8,7 +8,7 @@ decoded replay passed through) and `_warm` (encoders built before the first requ
 """
 
 from ._backend import DurableBackend as DurableBackend
-from ._codec import JOURNAL_CODEC as JOURNAL_CODEC
+from ._codec import PAYLOAD_CODEC as PAYLOAD_CODEC
 from ._codec import not_journalable as not_journalable
-from ._leaf import JournaledToolset as JournaledToolset
+from ._leaf import DurableLeafToolset as DurableLeafToolset
 from ._output import journal_output_process as journal_output_process

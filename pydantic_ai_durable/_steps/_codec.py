@@ -24,9 +24,9 @@ from ._payloads import why_not_journalable
 
 __all__ = (
     'HOLD_RESPONSES',
-    'JOURNAL_CODEC',
-    'JournalCodec',
+    'PAYLOAD_CODEC',
     'Loaded',
+    'PayloadCodec',
     'Unencoded',
     'hands_on_loaded',
     'not_journalable',
@@ -56,7 +56,7 @@ def not_journalable(error: BaseException, value: object = _UNSEEN) -> ResultNotJ
     )
 
 
-class JournalCodec:
+class PayloadCodec:
     """`JSON_CODEC`, refusing (not retrying) what the journal cannot hold (T-4).
 
     pydantic-ai maps only the codec's `PydanticSerializationError` and `TypeError` to the engine's error;
@@ -88,7 +88,7 @@ class JournalCodec:
 class Loaded:
     """A replayed payload as the load check before the replay decoded it (X-1), handed on as it is (X-4).
 
-    pydantic-ai loads whatever `execute` returns; a `Loaded` passes through `JournalCodec.load` untouched,
+    pydantic-ai loads whatever `execute` returns; a `Loaded` passes through `PayloadCodec.load` untouched,
     so a replayed step is decoded once, not twice, and the value pydantic-ai gets is the one checked.
     """
 
@@ -96,7 +96,7 @@ class Loaded:
 
 
 def hands_on_loaded(load: Callable[[object], object]) -> bool:
-    """Whether a bound operation's result `load` ends in `JournalCodec.load`, so a `Loaded` may be returned.
+    """Whether a bound operation's result `load` ends in `PayloadCodec.load`, so a `Loaded` may be returned.
 
     Operations whose result codec is pydantic-ai's own (capability operations) would try to validate it;
     one probe per binding tells them apart without knowing how pydantic-ai builds each codec.
@@ -112,7 +112,7 @@ def hands_on_loaded(load: Callable[[object], object]) -> bool:
 class Unencoded:
     """A live model response the codec handed back as it is, for the step to encode once its usage is written."""
 
-    codec: JournalCodec
+    codec: PayloadCodec
     tp: Any
     response: ModelResponse
 
@@ -124,4 +124,4 @@ class Unencoded:
             raise not_journalable(exc, self.response) from exc
 
 
-JOURNAL_CODEC = JournalCodec()
+PAYLOAD_CODEC = PayloadCodec()

@@ -22,11 +22,11 @@ from .._usage import NestedUsage
 from ._payloads import load_outcome, outcome
 from ._runner import replay_tool, run_live_call
 
-__all__ = ('JournaledToolset',)
+__all__ = ('DurableLeafToolset',)
 
 
 @dataclass
-class JournaledToolset(WrapperToolset[AgentDepsT]):
+class DurableLeafToolset(WrapperToolset[AgentDepsT]):
     """Records each call of the wrapped leaf as a tool step, and replays it on a later attempt.
 
     A toolset with a `replayable = False` attribute still takes a position but always runs live. `owner` is

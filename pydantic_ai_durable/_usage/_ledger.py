@@ -39,7 +39,7 @@ from ._arithmetic import (
     subtract_usage,
 )
 
-__all__ = ('JournalView', 'MatchView', 'ReplayUsageLedger')
+__all__ = ('MatchView', 'ReplayUsageLedger', 'RunLookAhead')
 
 _LOOKAHEAD_SLACK = 16
 """Extra journal positions `credit_successors` scans past `2 * calls + 1`.
@@ -49,7 +49,7 @@ and capability steps can sit in between, so the scan allows some room for them.
 """
 
 
-class JournalView(Protocol):
+class RunLookAhead(Protocol):
     """The part of a journal run the ledger reads when it looks ahead for steps that will replay.
 
     Looking ahead must respect the same fences as replay itself (S-3), so `peek` answers `None`
@@ -120,7 +120,7 @@ class ReplayUsageLedger:
 
     # -- crediting ---------------------------------------------------------------------------------
 
-    def credit_first_replay(self, run: JournalView) -> None:
+    def credit_first_replay(self, run: RunLookAhead) -> None:
         """Credit the run's first model request when the journal holds a response for it (U-7).
 
         pydantic-ai checks `request_limit` before that request ever reaches the durable layer, so a
@@ -134,7 +134,7 @@ class ReplayUsageLedger:
                 return
             position += 1
 
-    def credit_request(self, run: JournalView | None = None, position: int | None = None) -> None:
+    def credit_request(self, run: RunLookAhead | None = None, position: int | None = None) -> None:
         """Count the next model request down in advance because the journal says it will replay (U-8).
 
         Only one request can be pending at a time; a second credit would let a live request past the limit.
@@ -154,7 +154,7 @@ class ReplayUsageLedger:
                 self._subtract(usage)
                 self._credited_usage = usage
 
-    def credit_successors(self, run: JournalView, position: int) -> None:
+    def credit_successors(self, run: RunLookAhead, position: int) -> None:
         """Credit the recorded steps that follow the complete replayed response at `position` (U-9).
 
         When the response first ran, its function-tool calls took the positions after it and the next
@@ -392,7 +392,7 @@ class _ReplayTail:
     """`suffix[i]`: the summed usage of the responses at `positions[i]` and after."""
 
     @classmethod
-    def of(cls, run: JournalView, start: int) -> _ReplayTail:
+    def of(cls, run: RunLookAhead, start: int) -> _ReplayTail:
         positions: list[int] = []
         usages: list[RunUsage] = []
         position = start

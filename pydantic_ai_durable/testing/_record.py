@@ -21,7 +21,7 @@ from .._execution import execution
 from ..journals import Journal
 from ._crash import CrashPlan
 
-__all__ = ('Attempt', 'LiveStep', 'Recorder', 'SideEffects', 'StepRef', 'run_recorded')
+__all__ = ('AttemptRecord', 'LiveStep', 'Recorder', 'SideEffects', 'StepRef', 'run_recorded')
 
 Event = dict[str, Any]
 StepKey = tuple[str, int]
@@ -160,7 +160,7 @@ class LiveStep:
 
 
 @dataclass
-class Attempt:
+class AttemptRecord:
     """What one attempt did, parsed from its events, with how it ended."""
 
     steps: dict[StepKey, LiveStep] = field(default_factory=dict)
@@ -183,7 +183,7 @@ class Attempt:
     """What a child process printed (SIGKILL variant only)."""
 
     @classmethod
-    def parse(cls, events: Iterable[Event]) -> Attempt:
+    def parse(cls, events: Iterable[Event]) -> AttemptRecord:
         attempt = cls()
         for event in events:
             kind = event.get('t')

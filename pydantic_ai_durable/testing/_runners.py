@@ -3,7 +3,7 @@
 In process, a crash is a `SimulatedCrash` raised at the chosen step boundary. With `kill=True` a helper
 process imports the scenario once and forks one child per attempt, which is killed at the boundary as a
 dying process would be; its events reach the harness through a file, all a killed process leaves. Either
-way an attempt comes back as the `Attempt` record of what it did.
+way an attempt comes back as the `AttemptRecord` of what it did.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from .._core import StepPoint
 from ..journals import DiskJournal, Journal, delete_under_lease
 from ._crash import CrashPlan
-from ._record import Attempt, Event, Recorder, StepRef, run_recorded
+from ._record import AttemptRecord, Event, Recorder, StepRef, run_recorded
 
 __all__ = ('ForkServer', 'InProcess', 'Scenario', 'forget', 'journal_spec', 'target_of')
 
@@ -38,11 +38,11 @@ class InProcess:
         self.scenario = scenario
         self.journal = journal
 
-    async def attempt(self, key: str, crash: tuple[StepRef, StepPoint] | None) -> Attempt:
+    async def attempt(self, key: str, crash: tuple[StepRef, StepPoint] | None) -> AttemptRecord:
         events: list[Event] = []
         recorder = Recorder(events.append, _plan(crash, kill=False))
         result, error = await run_recorded(self.scenario, journal=self.journal, key=key, recorder=recorder)
-        attempt = Attempt.parse(events)
+        attempt = AttemptRecord.parse(events)
         attempt.result = result
         attempt.exception = error
         return attempt
@@ -113,7 +113,7 @@ class ForkServer:
         reply: dict[str, Any] = json.loads(line)
         return reply
 
-    async def attempt(self, key: str, crash: tuple[StepRef, StepPoint] | None) -> Attempt:
+    async def attempt(self, key: str, crash: tuple[StepRef, StepPoint] | None) -> AttemptRecord:
         self._count += 1
         events = self._directory / f'attempt-{self._count}.events'
         log = self._directory / f'attempt-{self._count}.log'
@@ -126,7 +126,7 @@ class ForkServer:
         await self._process.stdin.drain()
         reply = await self._read(timeout=self._timeout + 30.0)
         lines = events.read_text().splitlines() if events.exists() else []
-        attempt = Attempt.parse(json.loads(line) for line in lines if line.strip())
+        attempt = AttemptRecord.parse(json.loads(line) for line in lines if line.strip())
         attempt.log = log.read_text(errors='replace')[-2000:] if log.exists() else ''
         status = reply.get('status')
         if reply.get('timed_out'):

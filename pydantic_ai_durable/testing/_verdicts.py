@@ -2,7 +2,7 @@
 
 A failed check must name the step, the crash point and the journal's own explanation, because the user
 has to fix the agent, not the test. The problems are found by comparing what each attempt did (its
-`Attempt` record) with the uninterrupted run; the explanations come from the journal's divergence
+`AttemptRecord`) with the uninterrupted run; the explanations come from the journal's divergence
 warnings, with a hint for the usual causes.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from typing import Any, cast
 
 from .._core import StepPoint
-from ._record import Attempt, StepRef
+from ._record import AttemptRecord, StepRef
 from ._reports import CrashReport
 
 __all__ = ('by_rule_lines', 'crash_message', 'crash_problems', 'explain', 'indented', 'replay_problems', 'short')
@@ -92,7 +92,7 @@ def _hint(kind: str, reason: str) -> str | None:
     return None
 
 
-def explain(attempt: Attempt) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def explain(attempt: AttemptRecord) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Why steps of a resume ran live (its warnings, divergences named by step), and what usually fixes it."""
     why: list[str] = []
     hints: list[str] = []
@@ -112,7 +112,7 @@ def explain(attempt: Attempt) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(why), tuple(hints)
 
 
-def _effects_outside_steps(attempt: Attempt) -> list[str]:
+def _effects_outside_steps(attempt: AttemptRecord) -> list[str]:
     return sorted({name for name, where in attempt.effects if where is None})
 
 
@@ -125,7 +125,7 @@ def by_rule_lines(by_rule: Sequence[tuple[StepRef, str]], indent: str) -> list[s
     ]
 
 
-def replay_problems(first: Attempt, second: Attempt) -> list[str]:
+def replay_problems(first: AttemptRecord, second: AttemptRecord) -> list[str]:
     """What the replay did that it should not have; steps that ran live by a rule of the journal are exempt (H-7)."""
     problems: list[str] = []
     by_rule = {ref.key for ref, _ in second.by_rule()}
@@ -204,11 +204,11 @@ def _differences(one: Any, two: Any, path: str) -> list[tuple[str, Any, Any]]:
 
 
 def crash_problems(
-    baseline: Attempt,
+    baseline: AttemptRecord,
     target: StepRef,
     point: StepPoint,
-    first: Attempt,
-    resume: Attempt | None,
+    first: AttemptRecord,
+    resume: AttemptRecord | None,
     exactly_once: Collection[str],
 ) -> list[str]:
     if first.crash is None:
@@ -238,7 +238,7 @@ def crash_problems(
     return problems
 
 
-def _step_problems(baseline: Attempt, first: Attempt, resume: Attempt) -> list[str]:
+def _step_problems(baseline: AttemptRecord, first: AttemptRecord, resume: AttemptRecord) -> list[str]:
     """Steps that ran more often than once (twice for one the crash caught between body and record)."""
     moved: list[str] = []
     repeated: list[str] = []
@@ -277,7 +277,9 @@ def _capped(lines: Sequence[str], limit: int = 5) -> str:
     return '\n'.join(shown)
 
 
-def _effect_problems(baseline: Attempt, first: Attempt, resume: Attempt, exactly_once: Collection[str]) -> list[str]:
+def _effect_problems(
+    baseline: AttemptRecord, first: AttemptRecord, resume: AttemptRecord, exactly_once: Collection[str]
+) -> list[str]:
     problems: list[str] = []
     expected, before, after = baseline.effect_counts(), first.effect_counts(), resume.effect_counts()
     in_flight = {key: step.ref for key, step in first.steps.items() if step.in_flight}
