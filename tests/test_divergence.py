@@ -486,7 +486,7 @@ async def test_dv2_jf5_h7_a_fence_stops_a_diverged_call_with_the_same_arguments(
     first = core_attempt(backend_journal)
     run = await first.start_run(backend_journal)
     await run.claim('model', 'model', 'm1').record('ask for t')
-    await run.fence(run.claim('tool:t', 'tool', 't-old-id', call='digest-of-t'), TypeError('a socket'))
+    await run.writes.fence(run.claim('tool:t', 'tool', 't-old-id', call='digest-of-t'), TypeError('a socket'))
     await first.finish(None)
 
     second = core_attempt(backend_journal)

@@ -1,26 +1,25 @@
-"""A run: positions, replay decisions and the writes of live steps (R, P, M, D, W).
+"""A run: positions and replay decisions, from one read of what earlier attempts recorded (R, P, M, D).
 
 `Attempt.start_run` creates a run from one read of what earlier attempts recorded under its key; each
 `claim` then decides synchronously from that snapshot whether the step at the next position replays
-(parallel steps take positions in start order, P-2), and only the writes of live steps are awaited. The
-run sees its attempt through `AttemptView`, hands out `Step`s, and leaves argument matching (DV-2) to
-`_pool` and the failure rules to `_fences`.
+(parallel steps take positions in start order, P-2). The run sees its attempt through `AttemptView`,
+hands out `Step`s, and leaves argument matching (DV-2) to `_pool`, the failure rules to `_fences`, and
+every write (live steps, kept replays, fences, records, the failure meta) to its `RunWriter`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Literal
 
-from .._errors import JournalError, JournalUnavailable, ReplayDiverged, ResultNotJournalable
+from .._errors import ReplayDiverged
 from ..journals import RunSnapshot
 from ._attempt_view import AttemptView, StoreHold
-from ._fences import ErrorNotes, RunMeta, honour_unjournalable, next_meta
+from ._fences import RunMeta, honour_unjournalable
 from ._pool import Pool, gather_pool, matchable
-from ._records import ENTRY_VERSION, Kind, latest_spend, one_line, parse_entry, readable
+from ._records import Kind, latest_spend, parse_entry, readable
+from ._run_writes import RunWriter
 from ._stats import Divergence, Stats, StepOutcome
 from ._step import Step
 
@@ -40,7 +39,7 @@ def check_divergence_mode(value: object) -> None:
 
 
 class Run:
-    """One agent run inside an attempt: positions, replay decisions and failure bookkeeping.
+    """One agent run inside an attempt: what earlier attempts recorded for it, and what replays of it.
 
     Created by `Attempt.start_run` from a snapshot of what earlier attempts recorded for the same run
     key. Claims are synchronous so parallel steps take positions in start order (P-2).
@@ -91,10 +90,9 @@ class Run:
         self.diverged = False
         self.start = start
         """Fingerprint of what the run was started with (prompt, history); recorded with its first step."""
-        self._previous_replayed = self._started_alike()  # M-5 (amended): the start is the first verified step
-        self._tried_max = -1
-        self._saved: set[int] = set()
-        self._errors = ErrorNotes()
+        self._previous_replayed = self._started_alike()  # M-5: the start is the first verified step
+        self.writes = RunWriter(attempt, state, key, self.records, start)
+        """Every write of this run: live steps, kept replays, fences, records (`_run_writes`)."""
         self._last_model_position: int | None = None
         self.on_divergence: DivergenceMode = on_divergence
         self.stopped: ReplayDiverged | None = None
@@ -102,8 +100,6 @@ class Run:
         self._used: set[str] = set()
         """Origins of the recorded results this attempt replayed, by position or by arguments (DV-2)."""
         self._pool: Pool | None = None
-        self._unsaved_pool: list[dict[str, Any]] | None = None
-        self._pool_lock: asyncio.Lock | None = None
 
     def __repr__(self) -> str:
         return f'Run({self.attempt.key!r}, {self.key!r}, next_position={self.next_position})'
@@ -251,11 +247,11 @@ class Run:
         """The recorded tool results this attempt has not used (DV-2), see `gather_pool`.
 
         With `protect`, results not yet in the `pool` record are written there before this attempt writes
-        over any position (`_protect_pool`).
+        over any position (`RunWriter._protect_pool`).
         """
         pool = gather_pool(self._record('pool'), self._results, self._entries.values(), self._used, self.attempt.serves)
         if protect and pool.unkept():
-            self._unsaved_pool = pool.saved
+            self.writes.unsaved_pool = pool.saved
         return pool
 
     def _match_arguments(self, step: Step) -> dict[str, Any] | None:
@@ -281,26 +277,6 @@ class Run:
     def servable(self, calls: Iterable[str]) -> list[str]:
         """Those of these call digests a diverged run would replay by arguments now (U-19); none before it diverged."""
         return self._pool.servable(calls) if self._pool is not None and self.diverged else []
-
-    async def _protect_pool(self) -> bool:
-        """Before the first write that could overwrite a recorded result, keep the unused ones in the `pool` record.
-
-        A diverged attempt writes its steps at positions where earlier results lie; without this copy, a
-        crash after such a write would leave the next attempt without a result whose side effect happened
-        (DV-2). Written once per diverged attempt, and only when it holds results the record lacks.
-        """
-        if self._unsaved_pool is None:
-            return True
-        if self._pool_lock is None:
-            self._pool_lock = asyncio.Lock()
-        async with self._pool_lock:
-            unsaved = self._unsaved_pool
-            if unsaved is None:
-                return True
-            if not await self.write_record('pool', {'entries': unsaved}):
-                return False  # the journal refused the copy: nothing is written over those results
-            self._unsaved_pool = None
-        return True
 
     def peek(self, position: int) -> dict[str, Any] | None:
         """The entry recorded at a later position, without claiming it; obeys the replay fences (S-3)."""
@@ -331,100 +307,6 @@ class Run:
             return
         self._diverge(step, reason)
 
-    # -- recording -------------------------------------------------------------------------------
-
-    async def record(
-        self,
-        step: Step,
-        payload: Any,
-        *,
-        to_record: Callable[[Any], Any] | None = None,
-        spend: dict[str, Any] | None = None,
-        sent: Any = None,
-    ) -> bool:
-        """Save a live step's payload (W-1..W-4) and return whether it was stored.
-
-        A store that keeps failing stops the attempt with `JournalUnavailable` (JF-2), and the step is
-        reported as not recorded; a payload the journal cannot encode raises `JournalError` after leaving
-        a fence (JF-5).
-        `spend` is a snapshot of the run's live spend (with an int `seq`) that rides along with the
-        entry, so counting a step's usage costs no write of its own; so does `sent`, what the step was asked (XP-5).
-        """
-        if not step.replayable:
-            return False
-        self._tried_max = max(self._tried_max, step.position)
-        entry = self._entry(step)
-        if spend is not None:
-            entry['usage'] = spend
-        if sent is not None:
-            entry['sent'] = sent
-        try:
-            recorded = to_record(payload) if to_record is not None else payload
-            entry['payload'] = recorded
-            if recorded is not payload:  # `to_record` hands back the very value when it changes nothing
-                entry['redacted'] = True
-        except Exception as exc:  # masking failed: the result cannot be journaled as it must be
-            log.debug('preparing the record of step %d failed: %r', step.position, exc)
-            saved = False
-        else:
-            try:
-                # DV-2: the unused recorded results are kept safe before this write can cover one of them.
-                saved = await self._protect_pool() and await self.attempt.store(
-                    self.state,
-                    f'step {step.position} ({step.name}) of run {self.key}',
-                    lambda epoch: self.journal.write_entry(
-                        self.attempt.key, self.key, step.position, entry, epoch=epoch
-                    ),
-                )
-            except JournalUnavailable:
-                self.stats.not_recorded.append((step.kind, step.name))  # it ran; the attempt stops here (JF-2)
-                raise
-        if saved is False:
-            error = ResultNotJournalable(
-                f'The result of step {step.position} ({step.name}) cannot be journaled: the journal could not '
-                'encode it as JSON text. Return JSON-compatible data instead.',
-                step=step,
-            )
-            await self.fence(step, error)
-            raise error
-        self._saved.add(step.position)
-        self.stats.recorded[step.kind] += 1
-        log.debug('run %s: recorded step %d (%s)', self.key, step.position, step.name)
-        return True
-
-    def _entry(self, step: Step) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            'v': ENTRY_VERSION,
-            'name': step.name,
-            'kind': step.kind,
-            'fingerprint': step.fingerprint,
-            't': time.time(),  # when it was recorded, for inspection (CLI-1)
-        }
-        if step.position == 0 and self.start is not None:
-            entry['start'] = self.start
-        if step.call is not None:
-            entry['call'] = step.call  # DV-2: what a later, diverged attempt matches a call by
-            entry['origin'] = step.origin
-        return entry
-
-    async def keep(self, step: Step) -> None:
-        """Write a step replayed by arguments at its own position, with the recorded result (DV-2).
-
-        The next attempt of the same (changed) agent then replays it by position like any other step,
-        and every step after it too, instead of diverging here again. The entry keeps the origin of the
-        result it stands for, so that result still serves one call only. Counts as a replay, not a record.
-        """
-        entry = {**self._entry(step), 'payload': step.payload, 'matched': True}
-        self._tried_max = max(self._tried_max, step.position)
-        if not await self._protect_pool():
-            return
-        if await self.attempt.store(
-            self.state,
-            f'step {step.position} ({step.name}) of run {self.key}',
-            lambda epoch: self.journal.write_entry(self.attempt.key, self.key, step.position, entry, epoch=epoch),
-        ):
-            self._saved.add(step.position)
-
     def _started_alike(self) -> bool:
         """Whether this run was started as the attempt that recorded its first step was (M-5).
 
@@ -437,64 +319,15 @@ class Run:
         first = self._entries.get(0)
         return first is not None and first.get('start') == self.start
 
-    async def fence(self, step: Step, error: BaseException) -> None:
-        """Record that `step` ran but its result cannot be journaled, so a retry stops there (JF-5).
-
-        The side effect already happened; without this entry a retry would silently run it again.
-        Never raises: the caller raises the error that explains what went wrong.
-        """
-        if not step.replayable:
-            return
-        entry = {**self._entry(step), 'payload': None, 'unjournalable': one_line(error, 300)}
-        self._tried_max = max(self._tried_max, step.position)
-        try:
-            if not await self._protect_pool() or not await self.attempt.store(
-                self.state,
-                f'the fence of step {step.position} ({step.name})',
-                lambda epoch: self.journal.write_entry(self.attempt.key, self.key, step.position, entry, epoch=epoch),
-            ):
-                raise JournalError('the journal refused it')
-        except Exception as exc:
-            log.warning(
-                'Execution %r run %s: step %d (%s) ran but neither its result nor a fence could be recorded (%s); '
-                'a retry runs it again.',
-                self.attempt.key,
-                self.key,
-                step.position,
-                step.name,
-                exc,
-            )
-
-    async def write_record(self, name: str, value: dict[str, Any]) -> bool:
-        """Store a run-level record (usage, meta); a store that keeps failing stops the attempt (JF-2)."""
-        stored = {'v': ENTRY_VERSION, **value}
-        saved = await self.attempt.store(
-            self.state,
-            f'the {name} record of run {self.key}',
-            lambda epoch: self.journal.write_record(self.attempt.key, self.key, name, stored, epoch=epoch),
-        )
-        if saved:
-            self.records[name] = stored
-        return saved
-
     # -- failure ---------------------------------------------------------------------------------
-
-    def note_error(self, step: Step, error: BaseException) -> None:
-        """Remember that a step's body raised `error` while `next_position` was what it is now (W-5)."""
-        self._errors.note(error, self.next_position)
 
     async def fail(self, error: BaseException, *, model_at_fault: bool) -> None:
         """Write the fence the next attempt must respect after this run failed (F-1..F-6)."""
-        failed_at, raised_by_step = self._errors.failed_at(error, self.next_position)
-        meta = next_meta(
-            self._meta,
-            failed_at=failed_at,
-            raised_by_step=raised_by_step,
+        await self.writes.fail(
+            error,
             model_at_fault=model_at_fault,
+            meta=self._meta,
             diverged=self.diverged,
-            tried_max=self._tried_max,
             last_model=self._last_model_position,
-            saved=self._saved,
             next_position=self.next_position,
         )
-        await self.write_record('meta', meta)  # F-6: a refused write is ignored

@@ -57,6 +57,18 @@ class RunView(Protocol):
     @property
     def stats(self) -> Stats: ...
 
+    @property
+    def writes(self) -> StepWrites: ...
+
+    @property
+    def next_position(self) -> int: ...
+
+    def reject(self, step: Step, reason: str = ...) -> None: ...
+
+
+class StepWrites(Protocol):
+    """What a step asks the writing half of its run (`RunWriter` implements it)."""
+
     async def record(
         self,
         step: Step,
@@ -72,8 +84,6 @@ class RunView(Protocol):
     async def fence(self, step: Step, error: BaseException) -> None: ...
 
     def note_error(self, step: Step, error: BaseException) -> None: ...
-
-    def reject(self, step: Step, reason: str = ...) -> None: ...
 
 
 @dataclass
@@ -132,12 +142,12 @@ class Step:
         spend: dict[str, Any] | None = None,
         sent: Any = None,
     ) -> bool:
-        """Save the live result; see `Run.record`."""
-        return await self.run.record(self, payload, to_record=to_record, spend=spend, sent=sent)
+        """Save the live result; see `RunWriter.record`."""
+        return await self.run.writes.record(self, payload, to_record=to_record, spend=spend, sent=sent)
 
     async def keep(self) -> None:
-        """Write a step replayed by arguments at its own position; see `Run.keep`."""
-        await self.run.keep(self)
+        """Write a step replayed by arguments at its own position; see `RunWriter.keep`."""
+        await self.run.writes.keep(self)
 
     def reached(self, point: StepPoint) -> None:
         """Tell the observer (if any) that a live step reached one of its boundaries."""
@@ -146,8 +156,8 @@ class Step:
             observer(self, point)
 
     def failed(self, error: BaseException) -> None:
-        """Note that the body raised; see `Run.note_error`."""
-        self.run.note_error(self, error)
+        """Note that the body raised; see `RunWriter.note_error`."""
+        self.run.writes.note_error(self, error)
 
     def reject(self, reason: str = 'recorded result no longer loads') -> None:
         """Undo a replay whose payload no longer decodes, or no longer holds (DV-1); see `Run.reject`."""

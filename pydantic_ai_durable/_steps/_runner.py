@@ -87,7 +87,7 @@ async def run_live(
     except BaseException as exc:
         step.failed(exc)
         if isinstance(exc, ResultNotJournalable) and exc.step is step:
-            await step.run.fence(step, exc)  # it ran: a retry must not repeat it silently (JF-5)
+            await step.run.writes.fence(step, exc)  # it ran: a retry must not repeat it silently (JF-5)
         raise
     await step.record(payload, to_record=to_record, spend=spend(payload) if spend is not None else None, sent=sent)
     step.reached('after_record')

@@ -135,7 +135,7 @@ class RunSpend:
         self.attempt.requests += 1
         self._total.requests += 1
         self._segment = None
-        await self._run.write_record(_RECORD, self.snapshot())
+        await self._run.writes.write_record(_RECORD, self.snapshot())
 
     def response_received(self, response: ModelResponse | None, *, continuation: bool) -> dict[str, Any]:
         """Add a live response's tokens and price; returns the snapshot to store with its entry.
@@ -160,7 +160,7 @@ class RunSpend:
 
     async def persist(self, snapshot: dict[str, Any]) -> None:
         """Write a snapshot that no entry will carry: a billed response whose step could not be recorded."""
-        await self._run.write_record(_RECORD, snapshot)
+        await self._run.writes.write_record(_RECORD, snapshot)
 
     def operation_finished(self, payload: object) -> dict[str, Any] | None:
         """Add the usage a live capability operation reported; returns the snapshot to store with its entry."""
