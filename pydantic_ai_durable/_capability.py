@@ -19,10 +19,17 @@ from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolse
 from ._active_run import ActiveRun, activated, active_run
 from ._compat import check_private_hooks, resolve_request_model
 from ._core import DivergenceMode, SimulatedCrash, check_divergence_mode
-from ._execution import Execution, current_attempt
+from ._execution import current_attempt, track_spend
 from ._fingerprint import ModelFingerprinter, fingerprint_run_start
 from ._masking import SECRETS, SecretRegistry
-from ._steps import PAYLOAD_CODEC, DurableBackend, DurableLeafToolset, journal_output_process, not_journalable
+from ._steps import (
+    PAYLOAD_CODEC,
+    DurableBackend,
+    DurableLeafToolset,
+    journal_output_process,
+    not_journalable,
+    opted_out_toolsets,
+)
 from ._tracing import traced_run
 from ._usage import ReplayUsageLedger, RunSpend
 from .journals import Journal
@@ -121,9 +128,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         ledger = ReplayUsageLedger(run_usage=ctx.usage, usage_limits=ctx.usage_limits)
         fingerprinter = ModelFingerprinter(secrets=self.secrets)
         active = ActiveRun(run, ledger, fingerprinter, spend, self.secrets, resolve_model=self._request_model)
-        handle = attempt.handle
-        if isinstance(handle, Execution):
-            handle._spends.append(spend)
+        track_spend(spend)
         ledger.credit_first_replay(run)
         with activated(self, active):
             try:
@@ -175,15 +180,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
             return False
         opted = self._opted_out
         if opted is None:
-            found: set[str] = set()
-
-            def note(leaf: AbstractToolset[Any]) -> None:
-                if getattr(leaf, 'replayable', True) is False and leaf.id is not None:
-                    found.add(leaf.id)
-
-            for toolset in self.agent.toolsets:
-                toolset.apply(note)
-            opted = self._opted_out = frozenset(found)
+            opted = self._opted_out = opted_out_toolsets(self.agent.toolsets)
         return toolset_id in opted
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[AgentDepsT]) -> AbstractToolset[AgentDepsT] | None:

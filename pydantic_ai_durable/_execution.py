@@ -18,17 +18,26 @@ from ._runtime import Retention
 from ._usage import RunSpend, is_successful_tool_payload
 from .journals import DiskJournal, Journal, default_directory
 
-__all__ = ('Execution', 'ExecutionUsage', 'current_attempt', 'execution')
+__all__ = ('Execution', 'ExecutionUsage', 'current_attempt', 'execution', 'track_spend')
 
 _T = TypeVar('_T')
 
-_ATTEMPT: ContextVar[Attempt | None] = ContextVar('pydantic_ai_durable.attempt', default=None)
+_EXECUTION: ContextVar[Execution | None] = ContextVar('pydantic_ai_durable.execution', default=None)
+"""The handle of the innermost active `execution()`: set by the scope, read by `Durable.wrap_run` (R-1)."""
 _DEFAULT_JOURNALS: dict[str, DiskJournal] = {}
 
 
 def current_attempt() -> Attempt | None:
     """The attempt of the innermost active `execution()`, or `None` (the capability is then inert, R-1)."""
-    return _ATTEMPT.get()
+    handle = _EXECUTION.get()
+    return handle._attempt if handle is not None else None
+
+
+def track_spend(spend: RunSpend) -> None:
+    """Count a run's live spend in the `usage` of the innermost `execution()` handle (U2-3)."""
+    handle = _EXECUTION.get()
+    if handle is not None:
+        handle._spends.append(spend)
 
 
 def _default_journal() -> Journal:
@@ -145,8 +154,7 @@ class execution:
             serves=is_successful_tool_payload,  # DV-2: a recorded retry or failure serves no later call
         )
         self._handle = Execution(self._attempt)
-        self._attempt.handle = self._handle
-        self._token: Token[Attempt | None] | None = None
+        self._token: Token[Execution | None] | None = None
 
     def _check_entry(self) -> None:
         if self._token is not None:
@@ -163,26 +171,26 @@ class execution:
         self._check_entry()
         if self._attempt.journal is not None:
             await self._attempt.open(self._attempt.journal)
-        self._token = _ATTEMPT.set(self._attempt)
+        self._token = _EXECUTION.set(self._handle)
         return self._handle
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         assert self._token is not None
-        _ATTEMPT.reset(self._token)
+        _EXECUTION.reset(self._token)
         await self._attempt.finish(exc)
 
     def __enter__(self) -> Execution:
         self._check_entry()
         if self._attempt.journal is not None:
             _run_blocking(self._attempt.open(self._attempt.journal))
-        self._token = _ATTEMPT.set(self._attempt)
+        self._token = _EXECUTION.set(self._handle)
         return self._handle
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         assert self._token is not None
-        _ATTEMPT.reset(self._token)
+        _EXECUTION.reset(self._token)
         _run_blocking(self._attempt.finish(exc))

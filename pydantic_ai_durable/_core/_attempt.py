@@ -125,8 +125,6 @@ class Attempt:
         self._top_runs = 0
         self._nested: Counter[tuple[str, int]] = Counter()
         self.runs: list[Run] = []
-        self.handle: Any = None
-        """The public `Execution` handle; typed loosely so this module stays framework-neutral."""
 
     def journal_for(self, preferred: Journal | None) -> Journal:
         """The execution's journal, else the capability's, else the default disk journal (I-2, I-4)."""

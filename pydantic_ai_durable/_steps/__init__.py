@@ -11,4 +11,5 @@ from ._backend import DurableBackend as DurableBackend
 from ._codec import PAYLOAD_CODEC as PAYLOAD_CODEC
 from ._codec import not_journalable as not_journalable
 from ._leaf import DurableLeafToolset as DurableLeafToolset
+from ._opt_out import opted_out_toolsets as opted_out_toolsets
 from ._output import journal_output_process as journal_output_process

@@ -37,20 +37,13 @@ from .._tracing import replayed
 from .._usage import NestedUsage, without_operation_usage
 from ._codec import HOLD_RESPONSES, Loaded, Unencoded, hands_on_loaded
 from ._discovery import is_discovery, verify_listing
+from ._opt_out import tool_is_replayable
 from ._runner import Decoder, replay, replay_tool, run_live
 from ._warm import warm
 
-__all__ = ('DurableBackend', 'tool_is_replayable')
+__all__ = ('DurableBackend',)
 
 _NO_CONFIG = RoleBasedOperationConfig[None](model=None, event=None, capability=None, tool=None)
-
-
-def tool_is_replayable(tool: object) -> bool:
-    """Whether a function tool replays: tool metadata `{"durable": {"replayable": False}}` opts out (A-9)."""
-    tool_def = getattr(tool, 'tool_def', tool)
-    metadata = getattr(tool_def, 'metadata', None)
-    durable = metadata.get('durable') if isinstance(metadata, dict) else None
-    return not (isinstance(durable, dict) and durable.get('replayable') is False)
 
 
 class DurableBackend(JournalCallableOperationBackend[None]):

@@ -19,6 +19,7 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from .._active_run import active_run
 from .._fingerprint import tool_call_digests
 from .._usage import NestedUsage
+from ._opt_out import toolset_opts_out
 from ._payloads import load_outcome, outcome
 from ._runner import replay_tool, run_live_call
 
@@ -55,7 +56,7 @@ class DurableLeafToolset(WrapperToolset[AgentDepsT]):
         active = active_run(self.owner)
         if active is None:
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
-        replayable = getattr(self.wrapped, 'replayable', True) is not False
+        replayable = not toolset_opts_out(self.wrapped)
         fingerprint, call = tool_call_digests(name, tool_args, ctx.tool_call_id)
         step = active.run.claim(self.step_name(name), 'tool', fingerprint, replayable=replayable, call=call)
         done = await replay_tool(step, load_outcome, active.ledger)
