@@ -131,8 +131,12 @@ class Step:
 
     async def start(self) -> None:
         """Call right before the live body: stops the attempt if it may no longer run steps (B-10, JF-2)."""
-        await self.run.attempt.ensure(self.run.state)
+        await self.ensure_attempt()
         self.reached('before_body')
+
+    async def ensure_attempt(self) -> None:
+        """Stop here if the attempt lost its lease or its journal (B-10, JF-2); a body must not run then."""
+        await self.run.attempt.ensure(self.run.state)
 
     async def record(
         self,

@@ -33,7 +33,6 @@ from .._active_run import ActiveRun, active_run
 from .._core import Step
 from .._errors import JournalError, ResultNotJournalable
 from .._fingerprint import fingerprint_event, tool_call_digests
-from .._tracing import replayed
 from .._usage import NestedUsage, without_operation_usage
 from ._codec import HOLD_RESPONSES, Loaded, Unencoded, hands_on_loaded
 from ._discovery import is_discovery, verify_listing
@@ -158,17 +157,15 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         step = active.run.claim(name, 'model', fingerprint)
         start = active.sent_upto if active.sent_upto <= len(messages) else 0  # a processor may have cut the history
         active.sent_upto = len(messages) + 1
-        decoded = _decoded_response(step.payload, decode) if step.replayed else None
-        if decoded is not None:
-            value, response = decoded
+        done = replay(step, lambda payload: _decoded_response(payload, decode))  # rejected if it no longer loads
+        if done is not None:
+            value, response = cast('tuple[object, ModelResponse]', done.value)
             # The response handed on is the one priced here (U-3), so pydantic-ai does not price it again.
             ledger.record_model_replay(response, continuation=continuation)
             ledger.track_chain(response, params)
             if response.state != 'suspended':
                 ledger.credit_successors(active.run, step.position)
-            replayed(step)
             return self._handed_on(operation_id, step, value)
-        step.reject()  # a no-op unless a replayed payload no longer loads (X-1, X-3)
         ledger.record_live_model_request(had_request_credit=had_credit)  # may stop the request (U-13)
         await active.spend.request_sent(continuation=continuation)
         responses: list[ModelResponse | None] = []
@@ -191,8 +188,10 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         def spent(payload: object) -> dict[str, Any] | None:
             if counts:
                 return counts[0]
-            decoded = _decoded_response(payload, decode)  # another pydantic-ai encoded it itself
-            responses.append(decoded[1] if decoded is not None else None)
+            try:
+                responses.append(_decoded_response(payload, decode)[1])  # another pydantic-ai encoded it itself
+            except (TypeError, ValueError):
+                responses.append(None)
             return active.spend.response_received(responses[0], continuation=continuation)
 
         # What this request added to the conversation, so the run reads back as messages (XP-5).
@@ -262,16 +261,15 @@ def _serving_model_id(model_id: object, ctx: RunContext[Any]) -> str | None:
     return cast('str | None', model_id) or getattr(ctx, 'model_id', None) or ctx.model.model_id
 
 
-def _decoded_response(payload: object, decode: Decoder | None) -> tuple[object, ModelResponse] | None:
+def _decoded_response(payload: object, decode: Decoder | None) -> tuple[object, ModelResponse]:
     """A model payload decoded, with the `ModelResponse` in it (a streamed result wraps it under `response`).
 
-    `None` when the payload no longer loads or holds no response: a replay is then rejected (X-1).
+    Raises `ValueError` when the payload no longer loads or holds no response: a replay is then rejected (X-1).
     """
-    try:
-        value = decode(payload) if decode is not None else payload
-    except (TypeError, ValueError):
-        return None
+    value = decode(payload) if decode is not None else payload
     if isinstance(value, ModelResponse):
         return value, value
     inner = getattr(value, 'response', None)
-    return (value, inner) if isinstance(inner, ModelResponse) else None
+    if not isinstance(inner, ModelResponse):
+        raise ValueError(f'a recorded model payload decodes to {type(value).__name__}, which holds no ModelResponse')
+    return value, inner

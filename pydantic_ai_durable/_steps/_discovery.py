@@ -15,7 +15,7 @@ from typing import Any
 from pydantic_ai.durable_exec import DurableOperationId, ToolsetGetInstructionsId, ToolsetGetToolsId
 
 from .._core import Step
-from .._tracing import traced
+from ._runner import replay_verified
 
 __all__ = ('is_discovery', 'verify_listing')
 
@@ -43,22 +43,10 @@ async def verify_listing(
 ) -> object:
     """List again for a replayed discovery step: keep the recording if the listing is unchanged, else diverge.
 
-    The listing runs as a live body would (after the lease check, under `step.executing()`), but a replay
-    that holds writes nothing. A changed listing turns the step live (`Step.reject`, so every later step
-    of the run runs live too, against the new tools) and is recorded in place of the old listing.
+    A changed listing turns the step live (so every later step of the run runs live too, against the new
+    tools) and is recorded in place of the old listing (`replay_verified`).
     """
-    await step.run.attempt.ensure(step.run.state)  # B-10, JF-2: a stale attempt lists nothing
-    try:
-        with step.executing(), traced(step):  # described once the comparison decided replayed or live
-            listed = await body()
-            unchanged = _canonical(listed) == _canonical(step.payload)
-            if not unchanged:
-                toolset = getattr(operation_id, 'toolset_id', '?')
-                step.reject(f'toolset {toolset!r} now lists other {_what(operation_id)} than when it was recorded')
-    except BaseException as exc:
-        step.failed(exc)
-        raise
-    if unchanged:
-        return step.payload
-    await step.record(listed)
-    return listed
+    recorded = _canonical(step.payload)
+    toolset = getattr(operation_id, 'toolset_id', '?')
+    reason = f'toolset {toolset!r} now lists other {_what(operation_id)} than when it was recorded'
+    return await replay_verified(step, body, lambda fresh: None if _canonical(fresh) == recorded else reason)

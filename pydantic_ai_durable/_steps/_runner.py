@@ -18,7 +18,7 @@ from .._tracing import replayed, traced
 from .._usage import ReplayUsageLedger, is_successful_tool_payload
 from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode
 
-__all__ = ('Decoder', 'Replay', 'replay', 'replay_tool', 'run_live', 'run_live_call')
+__all__ = ('Decoder', 'Replay', 'replay', 'replay_tool', 'replay_verified', 'run_live', 'run_live_call')
 
 Decoder = Callable[[object], object]
 """Loads a recorded payload as pydantic-ai will; raises `TypeError`/`ValueError` when it no longer loads."""
@@ -62,6 +62,31 @@ def replay(step: Step, decode: Decoder | None) -> Replay | None:
         return None
     replayed(step)  # its span says so (TR-1)
     return Replay(value)
+
+
+async def replay_verified(
+    step: Step, body: Callable[[], Awaitable[object]], differs: Callable[[object], str | None]
+) -> object:
+    """Replay a step only while a fresh run of its body gives what was recorded (DV-1).
+
+    The body runs as a live one would (after the lease check, under `executing()`), but a replay that holds
+    writes nothing. When `differs` gives a reason, the step is rejected with it (so the run diverges and
+    every later step runs live) and the fresh result is recorded in place of the old one.
+    """
+    await step.ensure_attempt()  # B-10, JF-2: a stale attempt runs nothing
+    try:
+        with step.executing(), traced(step):  # described once the comparison decided replayed or live
+            fresh = await body()
+            reason = differs(fresh)
+            if reason is not None:
+                step.reject(reason)
+    except BaseException as exc:
+        step.failed(exc)
+        raise
+    if reason is None:
+        return step.payload
+    await step.record(fresh)
+    return fresh
 
 
 async def run_live(
