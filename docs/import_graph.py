@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 class Edge:
     source: str
     target: str
-    """A module of the package (`_journal._run`, `journals.disk`; the top `__init__` is `__init__`), or the
+    """A module of the package (`_core._run`, `journals.disk`; the top `__init__` is `__init__`), or the
     top-level name of an outside package (`pydantic_ai`) when `outside`."""
     how: str
     """`import`, `deferred` (inside a function) or `typing` (under `if TYPE_CHECKING:`)."""

@@ -2,7 +2,7 @@
 
 A finished execution stays in its journal so that a retry after any crash replays it instead of running
 it again; retention then deletes it. Backends take a default period, `execution()` an override, and the
-journal core decides which applies (`_journal/_retention.py`); all of them parse it here.
+journal core decides which applies (`_core/_retention.py`); all of them parse it here.
 """
 
 from __future__ import annotations

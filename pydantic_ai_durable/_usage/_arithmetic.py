@@ -4,7 +4,7 @@ Cancelling what pydantic-ai counted for a replayed step, and counting what a liv
 attempts, both need the same arithmetic: every counter a usage object carries (provider extras and
 `details` included) added or taken off in place, a replayed response priced the way the graph prices
 one, and which recorded tool outcomes pydantic-ai counts as a call at all. The ledger and the live
-spend (`_usage`) share it from here.
+spend (`_spend`) share it from here.
 """
 
 from __future__ import annotations

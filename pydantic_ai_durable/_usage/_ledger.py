@@ -12,7 +12,7 @@ batch of function-tool calls. For those the ledger looks ahead in the journal an
 (a request or a tool call counted down in advance) for steps it expects to replay. Each credit is
 either consumed by the replay, given back with a re-check when the step turns out live, or given
 back by `settle()` when the run never reaches it. Nothing here is persisted. The arithmetic it takes
-back with is `_usage_math`'s.
+back with is `_arithmetic`'s.
 """
 
 from __future__ import annotations
