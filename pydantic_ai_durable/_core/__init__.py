@@ -1,13 +1,14 @@
 """The framework-neutral journal core: attempts, runs, steps, matching, divergence and failure fences.
 
-It knows positions, names, kinds, fingerprints and JSON payloads, and nothing of pydantic-ai, so every
-replay rule of docs/rules.md (R, P, M, D, W, F, X, C and S) lives here once and is tested without an
-agent. Its modules, bottom up: `_records` (stored shapes), `_stats`, `_lease`, `_attempt_view` (the attempt
-as its runs see it), `_step`, `_pool` (argument matching, DV-2), `_fences` (failure fences), `_run_writes`
-(every write of a run), `_run` (what it reads and decides), `_retention` and `_attempt`; beside them, for job queues, `_sweep` (hands interrupted executions back) and `_retry` (when
-a task that met a busy, lost or failing journal runs again), and `_rekey` (rewrites every value under the
-current encryption key); `_export`, `_import`, `_transfer` (executions moved between journals, or forked)
-and `_conversation` (a run read back as messages). The rest of the package imports the names below from here.
+It knows positions, names, kinds, fingerprints and JSON payloads, and nothing of pydantic-ai, so every replay
+rule of docs/rules.md (R, P, M, D, W, F, X, C and S) lives here once and is tested without an agent. Its
+modules, bottom up: `_records` (stored shapes), `_stats`, `_lease`, `_attempt_view` (the attempt as its runs
+see it), `_step`, `_pool` (argument matching, DV-2), `_fences` (failure fences), `_run_writes` (every write of
+a run), `_run` (what it reads and decides), `_retention` and `_attempt`; beside them, for job queues, `_sweep`
+(hands interrupted executions back) and `_retry` (when a task that met a busy, lost or failing journal runs
+again), and `_rekey` (rewrites every value under the current encryption key); `_export`, `_import`,
+`_transfer` (executions moved between journals, or forked) and `_conversation` (a run read back as messages).
+The rest of the package imports the names below from here.
 """
 
 from ._attempt import Attempt, CleanupMode
