@@ -64,7 +64,10 @@ async def _child(
     print(f'package: {Path(pydantic_ai_durable.__file__).parent}', file=sys.stderr)
     from typing import get_args
 
-    from pydantic_ai_durable._core import CleanupMode
+    try:
+        from pydantic_ai_durable._core import CleanupMode
+    except ImportError:  # a tree from before the journal core was named `_core`
+        from pydantic_ai_durable._journal import CleanupMode  # type: ignore[no-redef]
 
     keep = 'keep' if 'keep' in get_args(CleanupMode) else 'never'  # what keeps a finished execution, then and now
 
