@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -29,11 +29,12 @@ from pydantic_ai.models._continuation import merge_responses
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
-from pydantic_ai_durable._usage._arithmetic import (
+from pydantic_ai_durable._usage._arithmetic import (  # pyright: ignore[reportPrivateUsage]
     SUCCESSFUL_TOOL_RESULT_KINDS,
+    _price_like_the_graph,  # pyright: ignore[reportPrivateUsage]
     add_usage,
-    fill_replayed_cost,
     is_successful_tool_payload,
+    price_response,
     subtract_request_usage,
     subtract_usage,
 )
@@ -225,14 +226,23 @@ def test_u2_add_is_the_inverse_and_alias() -> None:
 # -- U-3 -----------------------------------------------------------------------------------------
 
 
-def test_u3_fill_replayed_cost_prices_like_the_graph() -> None:
+PRICERS = pytest.mark.parametrize(
+    'price',
+    [price_response, _price_like_the_graph],
+    ids=['the-graphs-function', 'the-fallback-without-it'],
+)
+"""`price_response` calls pydantic-ai's private pricing function; the fallback for a release without it must agree."""
+
+
+@PRICERS
+def test_u3_a_response_is_priced_like_the_graph(price: Callable[[ModelResponse], None]) -> None:
     replayed = ModelResponse(
         parts=[TextPart('x')],
         model_name='gpt-4o',
         provider_name='openai',
         usage=RequestUsage(input_tokens=1000, output_tokens=500),
     )
-    fill_replayed_cost(replayed)
+    price(replayed)
     assert isinstance(replayed.usage.cost, Decimal)
     assert replayed.usage.cost == replayed.cost().total_price == Decimal('0.0075')
 
@@ -242,23 +252,28 @@ def test_u3_fill_replayed_cost_prices_like_the_graph() -> None:
     assert graph_copy.usage.cost == replayed.usage.cost
 
 
-def test_u3_unknown_or_unnamed_models_stay_unpriced() -> None:
+@PRICERS
+def test_u3_unknown_or_unnamed_models_stay_unpriced(price: Callable[[ModelResponse], None]) -> None:
     for model_name in ('function:model:', None):
         replayed = response(input_tokens=10, model_name=model_name)
-        fill_replayed_cost(replayed)  # LookupError (or no name) must not escape
+        price(replayed)  # LookupError (or no name) must not escape
         assert replayed.usage.cost is None
 
 
-def test_u3_existing_cost_is_kept() -> None:
+@PRICERS
+def test_u3_existing_cost_is_kept(price: Callable[[ModelResponse], None]) -> None:
     replayed = ModelResponse(
         parts=[], model_name='gpt-4o', provider_name='openai', usage=RequestUsage(input_tokens=10, cost=Decimal('9'))
     )
-    fill_replayed_cost(replayed)
+    price(replayed)
     assert replayed.usage.cost == Decimal('9')
 
 
+@PRICERS
 @pytest.mark.parametrize('input_tokens', [1000, 0])
-def test_u3_unmeasured_usage_priced_as_the_graph_prices_it(input_tokens: int) -> None:
+def test_u3_unmeasured_usage_priced_as_the_graph_prices_it(
+    input_tokens: int, price: Callable[[ModelResponse], None]
+) -> None:
     # `ModelResponse.cost()` refuses these, the graph prices a positive lower bound; the ledger follows the graph.
     replayed = ModelResponse(
         parts=[],
@@ -267,7 +282,7 @@ def test_u3_unmeasured_usage_priced_as_the_graph_prices_it(input_tokens: int) ->
         usage=RequestUsage(input_tokens=input_tokens, unmeasured_requests=1),
     )
     graph_copy = copy.deepcopy(replayed)
-    fill_replayed_cost(replayed)
+    price(replayed)
     fill_response_cost(graph_copy)
     assert replayed.usage.cost == graph_copy.usage.cost
     assert (replayed.usage.cost is None) == (input_tokens == 0)

@@ -32,9 +32,8 @@ __all__ = (
     'add_usage',
     'counter_fields',
     'counter_names',
-    'fill_replayed_cost',
     'is_successful_tool_payload',
-    'price_live_response',
+    'price_response',
     'subtract_request_usage',
     'subtract_usage',
 )
@@ -108,13 +107,27 @@ def add_usage(run_usage: RunUsage, usage: RequestUsage | RunUsage) -> None:
     _shift_usage(run_usage, usage, 1)
 
 
-def fill_replayed_cost(response: ModelResponse) -> None:
-    """Price a replayed response in place, the way the graph prices every response it receives (U-3).
+def price_response(response: ModelResponse) -> None:
+    """Price a response in place, with the function the graph prices every response it receives with (U-3).
 
-    Responses are journaled before the graph prices them, so a replay arrives with `cost=None` and the
-    graph would then add a price the ledger never took off. This runs the same genai-prices lookup,
-    including the graph's rule that a response with unmeasured usage keeps a positive price but not a
-    zero one, and leaves anything it cannot price alone (the graph warns about that, not us).
+    The graph never prices a response that already has a cost. A live response priced here before its entry
+    is written costs one genai-prices lookup (about 0.2 ms for a known model), not one here and one in the
+    graph, and its replay carries the recorded price. A replayed response without one (an entry written
+    before prices were recorded) is priced here, before the ledger cancels it, or the graph would add a
+    price the ledger never took off. Pricing is best effort, as in the graph.
+    """
+    if _graph_prices is None:
+        _price_like_the_graph(response)
+        return
+    with contextlib.suppress(Exception):
+        _graph_prices(response)
+
+
+def _price_like_the_graph(response: ModelResponse) -> None:
+    """The graph's pricing rule, for a pydantic-ai whose private pricing function is not where it is today.
+
+    The same genai-prices lookup, with the rule that a response with unmeasured usage keeps a positive
+    price but not a zero one; anything it cannot price is left alone.
     """
     usage = response.usage
     if usage.cost is not None or not response.model_name:
@@ -142,17 +155,3 @@ def is_successful_tool_payload(payload: object) -> bool:
     so there is nothing to cancel for them.
     """
     return isinstance(payload, Mapping) and payload.get('kind') in SUCCESSFUL_TOOL_RESULT_KINDS
-
-
-def price_live_response(response: ModelResponse) -> None:
-    """Price a live response in place, with the function the graph prices it with right after the step.
-
-    The graph never prices a response that already has a cost, so the genai-prices lookup (about 0.2 ms for
-    a known model) is paid once, not once here and once in the graph, and the recorded payload carries the
-    price, which a replay then need not look up again (U-3).
-    """
-    if _graph_prices is None:
-        fill_replayed_cost(response)
-        return
-    with contextlib.suppress(Exception):  # pricing is best effort in the graph too
-        _graph_prices(response)

@@ -34,8 +34,8 @@ from ._arithmetic import (
     add_usage,
     counter_fields,
     counter_names,
-    fill_replayed_cost,
     is_successful_tool_payload,
+    price_response,
     subtract_usage,
 )
 
@@ -279,7 +279,7 @@ class ReplayUsageLedger:
         add. A non-`ModelRetry` error from `after_model_request` leaves one request under-counted:
         pydantic-ai adds the tokens before that hook but counts the request only after it.
         """
-        fill_replayed_cost(response)
+        price_response(response)
         segment = response.usage
         if not continuation:
             self.run_usage.requests -= 1
@@ -431,7 +431,7 @@ def _response_usage(payload: object) -> RunUsage:
         )
     except (ValueError, TypeError):
         return usage
-    fill_replayed_cost(priced)
+    price_response(priced)
     usage.incr(priced.usage)
     return usage
 

@@ -13,14 +13,14 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.usage import RequestUsage, RunUsage
 
 from .._core import Run
-from ._arithmetic import price_live_response, subtract_usage
+from ._arithmetic import price_response, subtract_usage
 
 __all__ = ('RunSpend', 'dump_usage', 'load_usage', 'operation_usage', 'without_operation_usage')
 
@@ -121,6 +121,16 @@ class RunSpend:
         self.attempt.incr(usage)
         self._total.incr(usage)
 
+    def _take_off(self, usage: RequestUsage) -> None:
+        """Undo an `add`: a re-polled segment's usage is replaced by its newer, cumulative one."""
+        subtract_usage(self.attempt, usage)
+        subtract_usage(self._total, usage)
+
+    def _count(self, counter: Literal['requests', 'tool_calls']) -> None:
+        """One more request or tool call, in this attempt's usage and in the total."""
+        for usage in (self.attempt, self._total):
+            setattr(usage, counter, getattr(usage, counter) + 1)
+
     def snapshot(self) -> dict[str, Any]:
         self._seq += 1
         return {'seq': self._seq, 'usage': dump_usage(self._total)}
@@ -132,8 +142,7 @@ class RunSpend:
         """
         if continuation:
             return
-        self.attempt.requests += 1
-        self._total.requests += 1
+        self._count('requests')
         self._segment = None
         await self._run.writes.write_record(_RECORD, self.snapshot())
 
@@ -144,7 +153,7 @@ class RunSpend:
         usage is cumulative: it replaces the previous segment's, as pydantic-ai's merge does.
         """
         if response is not None:
-            price_live_response(response)  # before it is encoded: the entry records its price
+            price_response(response)  # before it is encoded: the entry records its price
             previous = self._segment
             if (
                 continuation
@@ -152,8 +161,7 @@ class RunSpend:
                 and response.provider_response_id
                 and (previous[0] == response.provider_response_id)
             ):
-                subtract_usage(self.attempt, previous[1])
-                subtract_usage(self._total, previous[1])
+                self._take_off(previous[1])
             self.add(response.usage)
             self._segment = (response.provider_response_id, copy.copy(response.usage))
         return self.snapshot()
@@ -179,8 +187,7 @@ class RunSpend:
         if not successful and spent is None:
             return None
         if successful:
-            self.attempt.tool_calls += 1
-            self._total.tool_calls += 1
+            self._count('tool_calls')
         return self.snapshot()
 
 
