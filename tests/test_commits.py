@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,26 +82,36 @@ async def _per_round_trip(journal: Journal, counter: Callable[[], Awaitable[int]
     return (long[0] - short[0]) // 4, (long[1] - short[1]) // 4
 
 
-async def test_cs_1_a_round_trip_commits_three_times_on_disk(tmp_path: Path) -> None:
+@pytest.fixture
+async def disk_journal(tmp_path: Path) -> AsyncIterator[DiskJournal]:
+    """An opened `DiskJournal` in a fresh directory, closed after the test."""
     journal = DiskJournal(tmp_path / 'journal')
     await journal.open()
-    commits = 0
+    try:
+        yield journal
+    finally:
+        await journal.close()
+
+
+def _count_commits(journal: DiskJournal) -> list[int]:
+    """A one-item list counting the COMMITs of the journal's connection from now on."""
+    commits = [0]
 
     def trace(statement: str) -> None:
-        nonlocal commits
-        commits += statement.strip().upper().startswith(('COMMIT', 'END'))
+        commits[0] += statement.strip().upper().startswith(('COMMIT', 'END'))
 
     connection: sqlite3.Connection = journal._cache._con  # pyright: ignore[reportPrivateUsage]
     connection.set_trace_callback(trace)
+    return commits
+
+
+async def test_cs_1_a_round_trip_commits_three_times_on_disk(disk_journal: DiskJournal) -> None:
+    commits = _count_commits(disk_journal)
 
     async def counter() -> int:
-        return commits
+        return commits[0]
 
-    try:
-        live, replayed = await _per_round_trip(journal, counter)
-    finally:
-        connection.set_trace_callback(None)
-        await journal.close()
+    live, replayed = await _per_round_trip(disk_journal, counter)
     assert live == ROUND_TRIP_COMMITS
     assert replayed == 0
 
@@ -131,22 +141,9 @@ async def test_cs_1_a_round_trip_commits_three_times_on_postgres() -> None:
 # -- CC-9: the writes of many executions of one process share commits on disk -------------------------------------
 
 
-def _count_commits(journal: DiskJournal) -> list[int]:
-    """A one-item list counting the COMMITs of the journal's connection from now on."""
-    commits = [0]
-
-    def trace(statement: str) -> None:
-        commits[0] += statement.strip().upper().startswith(('COMMIT', 'END'))
-
-    connection: sqlite3.Connection = journal._cache._con  # pyright: ignore[reportPrivateUsage]
-    connection.set_trace_callback(trace)
-    return commits
-
-
-async def test_cc_9_concurrent_executions_share_commits_on_disk(tmp_path: Path) -> None:
+async def test_cc_9_concurrent_executions_share_commits_on_disk(disk_journal: DiskJournal) -> None:
     """Twenty executions in one process, gathered: their step writes take far fewer commits than they hold."""
-    journal = DiskJournal(tmp_path / 'journal')
-    await journal.open()
+    journal = disk_journal
     commits = _count_commits(journal)
     calls: list[int] = []
 
@@ -154,78 +151,64 @@ async def test_cc_9_concurrent_executions_share_commits_on_disk(tmp_path: Path) 
         async with execution(f'many-{round_trips}-{index}', journal=journal):
             return (await _agent(journal, round_trips, calls).run('go')).output
 
-    try:
-        counted: list[int] = []
-        for round_trips in (2, 6):
-            before = commits[0]
-            outputs = await asyncio.gather(*(one(index, round_trips) for index in range(20)))
-            counted.append(commits[0] - before)
-            assert outputs == ['done'] * 20
-    finally:
-        await journal.close()
+    counted: list[int] = []
+    for round_trips in (2, 6):
+        before = commits[0]
+        outputs = await asyncio.gather(*(one(index, round_trips) for index in range(20)))
+        counted.append(commits[0] - before)
+        assert outputs == ['done'] * 20
     assert len(calls) == 20 * 8  # every tool ran once per round trip
     per_round_trip = (counted[1] - counted[0]) / (20 * 4)
     assert per_round_trip <= ROUND_TRIP_COMMITS / 2, counted  # alone, each pays three (CS-1)
 
 
-async def test_cc_9_a_refused_write_fails_alone_and_the_others_in_its_commit_are_stored(tmp_path: Path) -> None:
-    journal = DiskJournal(tmp_path / 'journal')
-    await journal.open()
-    try:
-        leases = {key: await journal.acquire_lease(key, f'holder-{key}', 60) for key in ('a', 'b', 'c')}
-        await journal.acquire_lease('b', 'intruder', 60, force=True)  # b's writer no longer holds it
-        commits = _count_commits(journal)
-        outcomes = await asyncio.gather(
-            *(journal.write_entry(key, '0', 0, {'n': key}, epoch=leases[key].epoch) for key in ('a', 'b', 'c')),
-            return_exceptions=True,
-        )
-        assert commits[0] == 1  # one shared transaction
-        assert outcomes[0] is True and outcomes[2] is True
-        assert isinstance(outcomes[1], LeaseLost)
-        for key in ('a', 'c'):
-            assert (await journal.read_run(key, '0')).entries == {0: {'n': key}}
-        assert (await journal.read_run('b', '0')).entries == {}
-    finally:
-        await journal.close()
+async def test_cc_9_a_refused_write_fails_alone_and_the_others_in_its_commit_are_stored(
+    disk_journal: DiskJournal,
+) -> None:
+    journal = disk_journal
+    leases = {key: await journal.acquire_lease(key, f'holder-{key}', 60) for key in ('a', 'b', 'c')}
+    await journal.acquire_lease('b', 'intruder', 60, force=True)  # b's writer no longer holds it
+    commits = _count_commits(journal)
+    outcomes = await asyncio.gather(
+        *(journal.write_entry(key, '0', 0, {'n': key}, epoch=leases[key].epoch) for key in ('a', 'b', 'c')),
+        return_exceptions=True,
+    )
+    assert commits[0] == 1  # one shared transaction
+    assert outcomes[0] is True and outcomes[2] is True
+    assert isinstance(outcomes[1], LeaseLost)
+    for key in ('a', 'c'):
+        assert (await journal.read_run(key, '0')).entries == {0: {'n': key}}
+    assert (await journal.read_run('b', '0')).entries == {}
 
 
-async def test_cc_9_a_lone_execution_writes_at_once(tmp_path: Path) -> None:
+async def test_cc_9_a_lone_execution_writes_at_once(disk_journal: DiskJournal) -> None:
     """With one lease held, a write commits before its caller's coroutine first yields: nothing to share with."""
-    journal = DiskJournal(tmp_path / 'journal')
-    await journal.open()
-    try:
-        lease = await journal.acquire_lease('k', 'holder', 60)
-        write = journal.write_entry('k', '0', 0, {'n': 0}, epoch=lease.epoch)
-        with pytest.raises(StopIteration) as done:
-            write.send(None)  # runs to its end without suspending
-        assert done.value.value is True
-    finally:
-        await journal.close()
+    journal = disk_journal
+    lease = await journal.acquire_lease('k', 'holder', 60)
+    write = journal.write_entry('k', '0', 0, {'n': 0}, epoch=lease.epoch)
+    with pytest.raises(StopIteration) as done:
+        write.send(None)  # runs to its end without suspending
+    assert done.value.value is True
 
 
-async def test_cc_9_a_write_whose_caller_was_cancelled_while_it_waited_is_not_made(tmp_path: Path) -> None:
-    journal = DiskJournal(tmp_path / 'journal')
-    await journal.open()
-    try:
-        lease = await journal.acquire_lease('k', 'holder', 60)
-        await journal.acquire_lease('other', 'holder', 60)  # a second execution: writes wait to share a commit
-        kept = asyncio.ensure_future(journal.write_entry('k', '0', 0, {'n': 0}, epoch=lease.epoch))
-        dropped = asyncio.ensure_future(journal.write_entry('k', '0', 1, {'n': 1}, epoch=lease.epoch))
-        await asyncio.sleep(0)  # both queued, not yet committed
-        dropped.cancel()
-        assert await kept is True
-        with pytest.raises(asyncio.CancelledError):
-            await dropped
-        assert (await journal.read_run('k', '0')).entries == {0: {'n': 0}}
-    finally:
-        await journal.close()
+async def test_cc_9_a_write_whose_caller_was_cancelled_while_it_waited_is_not_made(disk_journal: DiskJournal) -> None:
+    journal = disk_journal
+    lease = await journal.acquire_lease('k', 'holder', 60)
+    await journal.acquire_lease('other', 'holder', 60)  # a second execution: writes wait to share a commit
+    kept = asyncio.ensure_future(journal.write_entry('k', '0', 0, {'n': 0}, epoch=lease.epoch))
+    dropped = asyncio.ensure_future(journal.write_entry('k', '0', 1, {'n': 1}, epoch=lease.epoch))
+    await asyncio.sleep(0)  # both queued, not yet committed
+    dropped.cancel()
+    assert await kept is True
+    with pytest.raises(asyncio.CancelledError):
+        await dropped
+    assert (await journal.read_run('k', '0')).entries == {0: {'n': 0}}
 
 
 async def test_cc_9_when_the_shared_transaction_fails_each_write_is_made_on_its_own(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    disk_journal: DiskJournal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    journal = DiskJournal(tmp_path / 'journal')
-    await journal.open()
+    journal = disk_journal
     shared = journal._commits  # pyright: ignore[reportPrivateUsage]
     opened = shared.cache
     failures = [OSError('the shared transaction could not begin')]
@@ -236,14 +219,11 @@ async def test_cc_9_when_the_shared_transaction_fails_each_write_is_made_on_its_
         return opened()
 
     monkeypatch.setattr(shared, 'cache', cache_failing_once)
-    try:
-        leases = {key: await journal.acquire_lease(key, f'holder-{key}', 60) for key in ('a', 'b')}
-        outcomes = await asyncio.gather(
-            *(journal.write_entry(key, '0', 0, {'n': key}, epoch=leases[key].epoch) for key in ('a', 'b'))
-        )
-        assert outcomes == [True, True]
-        assert not failures  # the shared attempt was made, and failed
-        for key in ('a', 'b'):
-            assert (await journal.read_run(key, '0')).entries == {0: {'n': key}}
-    finally:
-        await journal.close()
+    leases = {key: await journal.acquire_lease(key, f'holder-{key}', 60) for key in ('a', 'b')}
+    outcomes = await asyncio.gather(
+        *(journal.write_entry(key, '0', 0, {'n': key}, epoch=leases[key].epoch) for key in ('a', 'b'))
+    )
+    assert outcomes == [True, True]
+    assert not failures  # the shared attempt was made, and failed
+    for key in ('a', 'b'):
+        assert (await journal.read_run(key, '0')).entries == {0: {'n': key}}

@@ -38,7 +38,6 @@ _ANY_ADAPTER: TypeAdapter[Any] = TypeAdapter(Any)
 _TOOL_RETURN_ADAPTER: TypeAdapter[ToolReturn[Any]] = TypeAdapter(ToolReturn)
 _ENCODE_ERRORS = (PydanticSerializationError, TypeError, ValueError)
 _MESSAGE_KINDS = frozenset({'model_retry', 'tool_failed'})
-_METADATA_KINDS = frozenset({'approval_required', 'call_deferred'})
 
 
 async def call_and_encode(

@@ -32,16 +32,24 @@ class SharedCommits:
 
     cache: Callable[[], Any]
     """The journal's cache, checked as for any write (raises when the directory is gone or moved)."""
-    holders: int = 0
-    """Leases this journal object acquired and has not released: with one or none, a write has no one to wait for."""
+    _holders: int = 0
+    """Leases the journal object acquired and has not released: with one or none, a write has no one to wait for."""
 
     _queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Write]] = field(
         default_factory=weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Write]]
     )
 
+    def lease_taken(self) -> None:
+        """The journal object granted a lease to a holder of this process."""
+        self._holders += 1
+
+    def lease_released(self) -> None:
+        """The journal object released a lease it had granted."""
+        self._holders = max(0, self._holders - 1)
+
     async def write(self, operation: Callable[[], bool]) -> bool:
         """Run `operation` (a write that opens its own transaction) in the next shared commit of this loop."""
-        if self.holders <= 1:
+        if self._holders <= 1:
             return operation()  # a lone execution commits at once, without waiting a loop turn
         loop = asyncio.get_running_loop()
         queue = self._queues.get(loop)
@@ -54,12 +62,10 @@ class SharedCommits:
 
     def _commit(self, loop: asyncio.AbstractEventLoop) -> None:
         batch = [write for write in self._queues.pop(loop, ()) if not write.done.done()]
-        if len(batch) == 1:
-            _alone(batch[0])
+        if len(batch) <= 1:
+            for write in batch:
+                _alone(write)
             return
-        if not batch:
-            return
-        outcomes: list[tuple[bool, Any]] = []
         try:
             cache = self.cache()
             with cache.transact():  # the writes' own `transact()` nest in it; each gets a savepoint

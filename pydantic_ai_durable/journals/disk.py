@@ -407,7 +407,7 @@ class DiskJournal:
         if granted.holder != holder:
             drop_lock(self.path)
         else:
-            self._commits.holders += 1
+            self._commits.lease_taken()
         return granted
 
     async def renew_leases(self, leases: Sequence[LeaseRenewal]) -> list[Lease | None]:
@@ -434,5 +434,5 @@ class DiskJournal:
         except Exception as exc:
             log.debug('releasing a lease failed: %r', exc)
         finally:
-            self._commits.holders = max(0, self._commits.holders - 1)
+            self._commits.lease_released()
             drop_lock(self.path)
