@@ -100,7 +100,9 @@ def page_of(
     wanted = wanted_states(state)
     check_page(limit, offset)
     matching = [info for info in infos if (info.key == key if key is not None else info.key.startswith(prefix))]
-    counts = {name: sum(info.state == name for info in matching) for name in EXECUTION_STATES}
+    counts: dict[ExecutionState, int] = {
+        name: sum(info.state == name for info in matching) for name in EXECUTION_STATES
+    }
     chosen = sorted((info for info in matching if info.state in wanted), key=lambda info: (-info.updated, info.key))
     return ExecutionPage(chosen[offset : offset + limit], counts)
 

@@ -68,14 +68,14 @@ class Listing:
             return ExecutionPage([], dict.fromkeys(EXECUTION_STATES, 0))
         alive = [found for found in self.leased() if held_alive(self._path, self.cache, found)]
         counts: dict[ExecutionState, int] = dict.fromkeys(EXECUTION_STATES, 0)
-        for bucket, count in self.counts(prefix, eid).items():
-            if bucket in counts:
-                counts[bucket] += count  # type: ignore[index]
+        stored = self.counts(prefix, eid)
         for held in alive:  # a live lease makes it running, whatever its record says (FN-3)
             bucket = self.bucket(held, prefix) if eid in (None, held) else None
-            if bucket in counts:
-                counts[bucket] -= 1  # type: ignore[index]
+            if bucket is not None and stored.get(bucket, 0) > 0:
+                stored[bucket] -= 1
                 counts['running'] += 1
+        for name in EXECUTION_STATES:
+            counts[name] += stored.get(name, 0) if name != 'running' else 0
         infos = [
             self._info(found, text, found in alive)
             for found, text in self.rows(prefix, eid, wanted, alive, limit, offset)
