@@ -71,5 +71,5 @@ async def test_b17_a_page_filters_by_state_prefix_and_key_and_pages_by_offset(
 
 @pytest.mark.parametrize('limit, offset', [(0, 0), (1001, 0), (10, -1)])
 async def test_b17_a_page_that_is_not_one_is_refused(backend_journal: Journal, limit: int, offset: int) -> None:
-    with pytest.raises(ValueError, match='page|offset'):
+    with pytest.raises(ValueError, match=r'page|offset'):
         await backend_journal.page_executions(limit=limit, offset=offset)
