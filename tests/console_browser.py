@@ -104,12 +104,12 @@ def console_server(journal: str, *extra: str, env: dict[str, str] | None = None)
             process.kill()
 
 
-def screenshot(driver: Any, directory: Path, name: str) -> Path:
+def screenshot(driver: Any, directory: Path, name: str, *, docs: bool = True) -> Path:
     """Save the page as `name.png` in `directory`, and in `$PYDANTIC_AI_DURABLE_SCREENSHOTS` when set (the docs)."""
     path = directory / f'{name}.png'
     driver.save_screenshot(str(path))
-    docs = os.environ.get(SCREENSHOTS_VARIABLE)
-    if docs:
-        Path(docs).mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, Path(docs) / path.name)
+    into = os.environ.get(SCREENSHOTS_VARIABLE)
+    if into and docs:
+        Path(into).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(into) / path.name)
     return path

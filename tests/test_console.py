@@ -10,7 +10,6 @@ own; one browser serves the module. Screenshots go to the test's directory, and 
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import textwrap
@@ -230,7 +229,7 @@ def test_ui1_the_executions_page_counts_every_state_and_lists_the_rows(browser: 
     rows = browser.find_elements(By.CSS_SELECTOR, 'tr.execution')
     shown = [(row.get_attribute('data-key'), row.get_attribute('data-state')) for row in rows]
     assert shown == [(info.key, info.state) for info in page.executions]
-    screenshot(browser, setup.shots, f'executions-{setup.name}')
+    screenshot(browser, setup.shots, f'executions-{setup.name}', docs=setup.name == 'disk')
     _open(browser, setup, '/executions?state=failed')
     assert [row.get_attribute('data-key') for row in browser.find_elements(By.CSS_SELECTOR, 'tr.execution')] == [
         'order-2'
@@ -261,14 +260,14 @@ def test_ui2_an_execution_shows_its_attempts_and_a_timeline_that_matches_the_jou
     assert sorted(int(bar.get_attribute('data-position')) for bar in bars) == sorted(snapshot.entries)
     assert _texts(browser, '#state') == ['finished'] and _texts(browser, '#attempts') == ['1']
     assert _texts(browser, 'tr.attempt td:nth-child(5)') == ['finished']
-    screenshot(browser, setup.shots, f'execution-{setup.name}')
+    screenshot(browser, setup.shots, f'execution-{setup.name}', docs=setup.name == 'disk')
     _open(browser, setup, '/execution?key=order-2')
     assert 'RuntimeError' in _texts(browser, 'tr.attempt td:nth-child(5)')[0]
     _open(browser, setup, '/execution/conversation?key=order-1&run=0')
     bubbles = _texts(browser, '.bubble')
     assert bubbles[0].lower().startswith('user') and 'count the rows' in bubbles[0]
     assert 'answer: 3 rows' in bubbles[-1]
-    screenshot(browser, setup.shots, f'conversation-{setup.name}')
+    screenshot(browser, setup.shots, f'conversation-{setup.name}', docs=setup.name == 'disk')
 
 
 def test_ui3_fork_at_a_step_from_the_page_then_the_fork_replays_the_steps_before_it(browser: Any, setup: Setup) -> None:
@@ -303,7 +302,7 @@ def test_ui5_a_running_execution_updates_as_steps_are_recorded_without_a_reload(
     assert _texts(browser, '#state') == ['running']
     before = len(browser.find_elements(By.CSS_SELECTOR, 'tr.step'))
     browser.execute_script('window.__same_page = true')
-    screenshot(browser, setup.shots, f'running-{setup.name}')
+    screenshot(browser, setup.shots, f'running-{setup.name}', docs=setup.name == 'disk')
     setup.release.set()
     _wait(browser, lambda d: d.find_element(By.ID, 'state').text == 'finished', timeout=30)
     after = len(browser.find_elements(By.CSS_SELECTOR, 'tr.step'))
@@ -330,11 +329,4 @@ def test_ui4_a_key_a_tool_argument_and_a_model_answer_holding_html_render_as_tex
         assert HOSTILE_KEY in browser.find_element(By.TAG_NAME, 'main').text
     assert any(HOSTILE_ARGUMENT in text for text in _texts(browser, '.bubble pre'))
     assert any(HOSTILE_ANSWER in text for text in _texts(browser, '.bubble .text'))
-    screenshot(browser, setup.shots, f'hostile-{setup.name}')
-
-
-@pytest.fixture(autouse=True)
-def _no_screenshots_into_the_repository_by_accident() -> Iterator[None]:
-    """Screenshots reach docs/ only when asked (`PYDANTIC_AI_DURABLE_SCREENSHOTS`)."""
-    yield
-    assert os.environ.get('PYDANTIC_AI_DURABLE_SCREENSHOTS', 'docs/images/console').endswith('console')
+    screenshot(browser, setup.shots, f'hostile-{setup.name}', docs=setup.name == 'disk')
