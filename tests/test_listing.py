@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
+import diskcache
 import pytest
 from helpers import Operator
 
-from pydantic_ai_durable.journals import EXECUTION_STATES, ExecutionPage, Journal
+from pydantic_ai_durable.journals import EXECUTION_STATES, DiskJournal, ExecutionPage, Journal
+from pydantic_ai_durable.journals._common import execution_id
 
 STATES = {
     'order-1': 'finished',
@@ -73,3 +76,16 @@ async def test_b17_a_page_filters_by_state_prefix_and_key_and_pages_by_offset(
 async def test_b17_a_page_that_is_not_one_is_refused(backend_journal: Journal, limit: int, offset: int) -> None:
     with pytest.raises(ValueError, match=r'page|offset'):
         await backend_journal.page_executions(limit=limit, offset=offset)
+
+
+async def test_b17_a_disk_head_that_is_not_json_leaves_the_page_correct(tmp_path: Path) -> None:
+    journal = DiskJournal(tmp_path / 'j')
+    store = Operator(journal)
+    for key in ('a-1', 'a-2'):
+        await store.write_execution(key, {'v': 1, 'key': key, 'runs': [], 'status': 'finished'})
+    with diskcache.Cache(str(tmp_path / 'j'), eviction_policy='none') as cache:
+        cache.set(f'{execution_id("a-2")}/h', 'planted: not JSON')  # what no release writes
+    page = await journal.page_executions(prefix='a-')
+    assert [info.key for info in page.executions] == ['a-1']
+    assert page.counts['finished'] == 1
+    await journal.close()

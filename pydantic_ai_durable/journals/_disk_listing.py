@@ -12,7 +12,8 @@ is still listed correctly, only slower. Every SQL statement of the listing is in
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+import sqlite3
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +31,22 @@ _INDEXES = (
 )
 _EID = 'substr(h.key, 1, length(h.key) - 2)'
 """A head's or a lease's row key less its `/h` or `/l`: the execution's digest."""
-_STATUS = (
-    "coalesce(CASE WHEN json_valid(h.value) THEN json_extract(h.value, '$.status') END, "
-    f"(SELECT CASE WHEN json_valid(x.value) THEN json_extract(x.value, '$.status') END FROM Cache AS x "
-    f"WHERE x.key = {_EID} || '/x'))"
-)
-"""The status the execution record holds, copied into the head; a head written before the copy reads the record."""
-_BUCKET = f"CASE {_STATUS} WHEN 'finished' THEN 'finished' WHEN 'failed' THEN 'failed' ELSE 'interrupted' END"
-"""The state an execution no live lease holds (FN-3)."""
-_KEY = "CASE WHEN json_valid(h.value) THEN json_extract(h.value, '$.key') END"
+
+
+def _field(name: str, table: str, safe: bool) -> str:
+    """A field of a row's JSON value; `safe` also reads a value that is not JSON (as `NULL`, never an error)."""
+    extract = f"json_extract({table}.value, '$.{name}')"
+    return f'CASE WHEN json_valid({table}.value) THEN {extract} END' if safe else extract
+
+
+def _record_status() -> str:
+    """The status in the execution record: for a head written before heads carried it (B-17)."""
+    return f"(SELECT {_field('status', 'x', True)} FROM Cache AS x WHERE x.key = {_EID} || '/x')"
+
+
+def _bucket(status: object) -> str:
+    """The state of an execution no live lease holds, from the status its record holds (FN-3)."""
+    return status if status in ('finished', 'failed') else 'interrupted'  # type: ignore[return-value]
 
 
 class Listing:
@@ -48,6 +56,8 @@ class Listing:
         self.cache = cache
         self._path = path
         self._sealer = sealer
+        self.safe = False
+        """Set once a head was found that is not JSON: every statement then checks each value first."""
         self.indexed = all(cache.add_index(statement) for statement in _INDEXES)
 
     def page(
@@ -108,26 +118,70 @@ class Listing:
         rows = self.cache.rows(f"SELECT {_EID} FROM Cache AS h {hint}WHERE h.key GLOB '*/l'")
         return [eid for (eid,) in rows if isinstance(eid, str)]
 
-    def _matching(self, prefix: str, eid: str | None) -> tuple[str, tuple[Any, ...]]:
+    def _query(self, statement: Callable[[bool], str], params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Run a statement built for JSON heads; a head that is not JSON makes it, and every later one, check first."""
+        if not self.safe:
+            try:
+                return self.cache.rows(statement(False), params)  # type: ignore[no-any-return]
+            except sqlite3.OperationalError as exc:
+                if 'JSON' not in str(exc):
+                    raise
+                self.safe = True
+        return self.cache.rows(statement(True), params)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _matching(prefix: str, eid: str | None, safe: bool) -> tuple[str, tuple[Any, ...]]:
         params: tuple[Any, ...]
         where, params = "h.key GLOB '*/h'", ()
         if eid is not None:
             where, params = f'{where} AND h.key = ?', (f'{eid}/h',)
         if prefix:
-            where, params = f'{where} AND substr({_KEY}, 1, ?) = ?', (*params, len(prefix), prefix)
+            key = _field('key', 'h', safe)
+            where, params = f'{where} AND substr({key}, 1, ?) = ?', (*params, len(prefix), prefix)
         return where, params
 
     def counts(self, prefix: str, eid: str | None) -> dict[str, int]:
-        """How many matching executions are in each state no lease changes (`finished`, `failed`, `interrupted`)."""
-        where, params = self._matching(prefix, eid)
-        rows = self.cache.rows(f'SELECT {_BUCKET}, count(*) FROM Cache AS h WHERE {where} GROUP BY 1', params)
-        return {str(bucket): int(count) for bucket, count in rows}
+        """How many matching executions are in each state no lease changes (`finished`, `failed`, `interrupted`).
+
+        One pass over the heads' index; the heads that do not carry the status (written before they did)
+        take a second pass that reads their records.
+        """
+        counts = {'finished': 0, 'failed': 0, 'interrupted': 0}
+        missing = 0
+        params = self._matching(prefix, eid, False)[1]
+
+        def by_head(safe: bool) -> str:
+            where = self._matching(prefix, eid, safe)[0]
+            return f'SELECT {_field("status", "h", safe)}, count(*) FROM Cache AS h WHERE {where} GROUP BY 1'
+
+        for status, count in self._query(by_head, params):
+            if status is None:
+                missing += int(count)
+            else:
+                counts[_bucket(status)] += int(count)
+        if missing:
+
+            def by_record(safe: bool) -> str:
+                where = self._matching(prefix, eid, safe)[0]
+                head = _field('status', 'h', safe)
+                return (
+                    f'SELECT {_record_status()}, count(*) FROM Cache AS h WHERE {where} AND {head} IS NULL GROUP BY 1'
+                )
+
+            for status, count in self._query(by_record, params):
+                counts[_bucket(status)] += int(count)
+        return counts
 
     def bucket(self, eid: str, prefix: str) -> str | None:
         """The state of one execution its lease aside, when it matches `prefix` (`None`: no head, or no match)."""
-        where, params = self._matching(prefix, eid)
-        rows = self.cache.rows(f'SELECT {_BUCKET} FROM Cache AS h WHERE {where}', params)
-        return str(rows[0][0]) if rows else None
+        params = self._matching(prefix, eid, False)[1]
+
+        def one(safe: bool) -> str:
+            where = self._matching(prefix, eid, safe)[0]
+            return f'SELECT coalesce({_field("status", "h", safe)}, {_record_status()}) FROM Cache AS h WHERE {where}'
+
+        rows = self._query(one, params)
+        return _bucket(rows[0][0]) if rows else None
 
     def rows(
         self,
@@ -142,20 +196,26 @@ class Listing:
 
         `alive` are the digests of the executions a live lease holds: `running`, whatever their record says.
         """
-        where, params = self._matching(prefix, eid)
-        running = 'running' in wanted
-        others = json.dumps(sorted(state for state in wanted if state != 'running'))
+        params = self._matching(prefix, eid, False)[1]
         held = json.dumps(sorted(alive))
-        state = (
-            f'(({_EID} IN (SELECT value FROM json_each(?)) AND ?) '
-            f'OR ({_EID} NOT IN (SELECT value FROM json_each(?)) AND {_BUCKET} IN (SELECT value FROM json_each(?))))'
-        )
-        order = 'ORDER BY h.store_time DESC, h.key DESC LIMIT ? OFFSET ?'
-        rows = self.cache.rows(
-            f'SELECT {_EID}, h.value FROM Cache AS h WHERE {where} AND {state} {order}',
-            (*params, held, running, held, others, limit, offset),
-        )
-        return [(eid, text) for eid, text in rows if isinstance(eid, str)]
+        statuses = json.dumps(sorted(state for state in wanted if state in ('finished', 'failed')))
+
+        def page(safe: bool) -> str:
+            where = self._matching(prefix, eid, safe)[0]
+            status = f'coalesce({_field("status", "h", safe)}, {_record_status()})'
+            stored = (
+                "(st IN (SELECT value FROM json_each(?)) OR (? AND (st IS NULL OR st NOT IN ('finished', 'failed'))))"
+            )
+            return (
+                f'SELECT eid, value FROM (SELECT {_EID} AS eid, h.value AS value, h.store_time AS t, h.key AS k, '
+                f'{status} AS st FROM Cache AS h WHERE {where}) '
+                f'WHERE ((eid IN (SELECT value FROM json_each(?)) AND ?) '
+                f'OR (eid NOT IN (SELECT value FROM json_each(?)) AND {stored})) '
+                'ORDER BY t DESC, k DESC LIMIT ? OFFSET ?'
+            )
+
+        asked = (held, 'running' in wanted, held, statuses, 'interrupted' in wanted, limit, offset)
+        return [(found, text) for found, text in self._query(page, (*params, *asked)) if isinstance(found, str)]
 
     def steps(self, eid: str) -> tuple[int, int]:
         """How many entries the execution holds, and their bytes: a range of the key index, not a scan."""

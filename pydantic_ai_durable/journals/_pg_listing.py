@@ -67,7 +67,8 @@ async def read_page(
         counts[found] += int(count)
     params.update(
         running='running' in wanted,
-        others=[name for name in wanted if name != 'running'],
+        statuses=[name for name in wanted if name in ('finished', 'failed')],
+        interrupted='interrupted' in wanted,
         limit=limit,
         offset=offset,
     )

@@ -163,7 +163,7 @@ class Sql:
         """
         # B-17: a page of the listing. What a live lease makes running is judged by the server's clock; the
         # rest by the status column, written with the record. The key filter is a byte prefix of the key.
-        live = f'coalesce(lease_expires > {now}, false)'
+        live = f'coalesce(lease_expires > (SELECT {now}), false)'  # the clock read once, not row by row
         listed = (
             '(record IS NOT NULL OR updated IS NOT NULL) '
             'AND (%(eid)s::text IS NULL OR eid = %(eid)s) AND substring(key FROM 1 FOR %(length)s) = %(prefix)s'
@@ -173,9 +173,14 @@ class Sql:
             f'SELECT {bucket}, CASE WHEN {live} THEN lease_holder END, count(*) FROM {s}.executions '
             f'WHERE {listed} GROUP BY 1, 2'
         )
+        # The states are tested on the status column as it is, so the last-update index serves the order.
+        stored = (
+            '(status = ANY(%(statuses)s) OR '
+            "(%(interrupted)s AND (status IS NULL OR status NOT IN ('finished', 'failed'))))"
+        )
         self.page_rows: LiteralString = (
             f'SELECT eid, key, record, {live}, lease_holder, retain_until, updated FROM {s}.executions '
-            f'WHERE {listed} AND (({live} AND %(running)s) OR (NOT {live} AND {bucket} = ANY(%(others)s))) '
+            f'WHERE {listed} AND (({live} AND %(running)s) OR (NOT {live} AND {stored})) '
             'ORDER BY updated DESC, key LIMIT %(limit)s OFFSET %(offset)s'
         )
         self.page_sizes: LiteralString = (
