@@ -41,6 +41,12 @@ async def fill_status(conn: AsyncConnection[Any], sql: Sql) -> None:
         await conn.execute(sql.set_status, params)
 
 
+def _after(prefix: bytes) -> bytes | None:
+    """The first byte string after every one that starts with `prefix` (`None`: there is none)."""
+    trimmed = prefix.rstrip(b'\xff')
+    return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else None
+
+
 async def read_page(
     conn: AsyncConnection[Any],
     sql: Sql,
@@ -54,12 +60,8 @@ async def read_page(
 ) -> ExecutionPage:
     wanted = wanted_states(state)
     check_page(limit, offset)
-    raw_prefix = key_bytes(prefix)
-    params: dict[str, Any] = {
-        'eid': execution_id(key) if key is not None else None,
-        'prefix': raw_prefix,
-        'length': len(raw_prefix),
-    }
+    low = key_bytes(prefix)
+    params: dict[str, Any] = {'eid': execution_id(key) if key is not None else None, 'low': low, 'high': _after(low)}
     counts: dict[ExecutionState, int] = dict.fromkeys(EXECUTION_STATES, 0)
     for bucket, holder, count in await (await conn.execute(sql.page_counts, params)).fetchall():
         running = holder is not None and not ours_and_ended(holder)

@@ -162,11 +162,12 @@ class Sql:
             WHERE x.record IS NOT NULL OR e.n IS NOT NULL OR r.n IS NOT NULL
         """
         # B-17: a page of the listing. What a live lease makes running is judged by the server's clock; the
-        # rest by the status column, written with the record. The key filter is a byte prefix of the key.
+        # rest by the status column, written with the record. The key filter is a byte range (the keys that start with a prefix).
         live = f'coalesce(lease_expires > (SELECT {now}), false)'  # the clock read once, not row by row
         listed = (
             '(record IS NOT NULL OR updated IS NOT NULL) '
-            'AND (%(eid)s::text IS NULL OR eid = %(eid)s) AND substring(key FROM 1 FOR %(length)s) = %(prefix)s'
+            'AND (%(eid)s::text IS NULL OR eid = %(eid)s) '
+            'AND key >= %(low)s AND (%(high)s::bytea IS NULL OR key < %(high)s)'
         )
         bucket = "CASE WHEN status IN ('finished', 'failed') THEN status ELSE 'interrupted' END"
         self.page_counts: LiteralString = (
