@@ -89,3 +89,25 @@ async def test_b17_a_disk_head_that_is_not_json_leaves_the_page_correct(tmp_path
     assert [info.key for info in page.executions] == ['a-1']
     assert page.counts['finished'] == 1
     await journal.close()
+
+
+async def test_b17_a_postgres_schema_of_version_3_gets_the_status_of_every_record_on_upgrade() -> None:
+    import psycopg
+    from pg import fresh_schema
+
+    from pydantic_ai_durable.journals import PostgresJournal
+
+    dsn, schema = fresh_schema()
+    journal = PostgresJournal(dsn, schema=schema)
+    store = Operator(journal)
+    for key, status in (('a', 'finished'), ('b', 'failed'), ('c', 'running')):
+        await store.write_execution(key, {'v': 1, 'key': key, 'runs': [], 'status': status})
+    await journal.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:  # as a release before the status column left it
+        conn.execute(f'ALTER TABLE "{schema}".executions DROP COLUMN status')
+        conn.execute(f'UPDATE "{schema}".schema_version SET version = 3')
+    upgraded = PostgresJournal(dsn, schema=schema)
+    page = await upgraded.page_executions(state='failed')
+    assert [info.key for info in page.executions] == ['b']
+    assert page.counts == {'running': 0, 'interrupted': 1, 'failed': 1, 'finished': 1}
+    await upgraded.close()
