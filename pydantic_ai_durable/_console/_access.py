@@ -157,7 +157,7 @@ class Access:
         given = query_of(request.scope.get('query_string', b'')).get('token')
         if given is not None and hmac.compare_digest(given.encode('utf-8', 'surrogatepass'), settings.token.encode()):
             rest = {k: v for k, v in query_of(request.scope.get('query_string', b'')).items() if k != 'token'}
-            target = request.url.path + (f'?{urlencode(rest)}' if rest else '')
+            target = request.url.path + (f'?{urlencode(rest, errors="surrogatepass")}' if rest else '')
             response = RedirectResponse(target, 303)  # the token leaves the address bar and the history
             response.set_cookie(COOKIE, self.session, httponly=True, samesite='strict', path='/')
             return response

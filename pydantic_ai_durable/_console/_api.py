@@ -18,7 +18,7 @@ from .._errors import EncryptionMismatch
 from ..journals import EXECUTION_STATES, ExecutionState
 from ._access import csrf_ok, csrf_token
 from ._actions import Refused, delete, export, file_name, fork
-from ._app import Console
+from ._app import Answer, Console
 from ._pages import ACTIONS, WAITING_STATES
 from ._views import info_json, read_execution
 
@@ -28,7 +28,7 @@ _MAX_LIMIT = 500
 
 
 def _error(message: str, status: int) -> JSONResponse:
-    return JSONResponse({'error': message}, status)
+    return Answer({'error': message}, status)
 
 
 def _int(text: str | None, default: int, low: int, high: int) -> int:
@@ -58,7 +58,7 @@ def api_routes(console: Console) -> list[Route]:
             )
         except ValueError as exc:
             return _error(str(exc), 400)
-        return JSONResponse(
+        return Answer(
             {
                 'counts': page.counts,
                 'total': page.total(states),
@@ -71,7 +71,7 @@ def api_routes(console: Console) -> list[Route]:
         view = await read_execution(journal, key, time.time())
         if view is None:
             return _error(f'no execution {key!r}', 404)
-        return JSONResponse(view.as_json())
+        return Answer(view.as_json())
 
     async def messages(request: Request) -> Response:
         query = console.query(request)
@@ -89,14 +89,14 @@ def api_routes(console: Console) -> list[Route]:
             return _error(str(exc).strip('\'"'), 404)
         except ValueError as exc:
             return _error(str(exc), 409)
-        return JSONResponse(found)
+        return Answer(found)
 
     async def waiting(request: Request) -> Response:
         page = await journal.page_executions(state=WAITING_STATES, limit=_MAX_LIMIT)
-        return JSONResponse({'executions': [info_json(info) for info in page.executions]})
+        return Answer({'executions': [info_json(info) for info in page.executions]})
 
     async def session(request: Request) -> Response:
-        return JSONResponse({'csrf': csrf_token(console.settings), 'read_only': console.settings.read_only})
+        return Answer({'csrf': csrf_token(console.settings), 'read_only': console.settings.read_only})
 
     async def act(request: Request) -> Response:
         action = request.path_params['action']
@@ -115,12 +115,12 @@ def api_routes(console: Console) -> list[Route]:
                 return Response(body, media_type='application/json', headers={'content-disposition': disposition})
             if action == 'fork':
                 at = form.get('at', '0')
-                return JSONResponse(
+                return Answer(
                     await fork(
                         journal, key, form.get('new_key', ''), form.get('run', '0'), int(at) if at.isdigit() else 0
                     )
                 )
-            return JSONResponse(await delete(journal, key))
+            return Answer(await delete(journal, key))
         except Refused as refused:
             return _error(str(refused), refused.status)
 

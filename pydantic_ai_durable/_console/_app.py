@@ -17,13 +17,13 @@ from urllib.parse import quote
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from starlette.requests import Request
-from starlette.responses import HTMLResponse
+from starlette.responses import HTMLResponse, JSONResponse
 
 from ..journals import Journal
 from ._access import ConsoleSettings, csrf_token, query_of
 from ._views import utc
 
-__all__ = ('Console', 'link')
+__all__ = ('Answer', 'Console', 'link')
 
 _HERE = Path(__file__).parent
 
@@ -72,6 +72,13 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
+class Answer(JSONResponse):
+    """A JSON answer as `--json` prints one: ASCII only, so any key (lone surrogates included) goes through."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(',', ':')).encode('ascii')
+
+
 class Console:
     """The journal the console serves, its settings and its templates; the routes read everything from here."""
 
@@ -91,7 +98,8 @@ class Console:
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         csrf = csrf_token(self.settings)
         text = self.templates.get_template(name).render(request=request, csrf=csrf, now=time.time(), **context)
-        return HTMLResponse(text, status)
+        # A key may hold a lone surrogate, which UTF-8 cannot carry: it is shown escaped, never dropped.
+        return HTMLResponse(text.encode('utf-8', 'backslashreplace'), status)
 
     def message(self, request: Request, title: str, text: str, status: int) -> HTMLResponse:
         return self.render(request, 'message.html', status, title=title, text=text)

@@ -46,7 +46,7 @@ def _record_status() -> str:
 
 def _bucket(status: object) -> str:
     """The state of an execution no live lease holds, from the status its record holds (FN-3)."""
-    return status if status in ('finished', 'failed') else 'interrupted'  # type: ignore[return-value]
+    return str(status) if status in ('finished', 'failed') else 'interrupted'
 
 
 class Listing:

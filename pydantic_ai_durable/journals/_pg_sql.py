@@ -162,7 +162,8 @@ class Sql:
             WHERE x.record IS NOT NULL OR e.n IS NOT NULL OR r.n IS NOT NULL
         """
         # B-17: a page of the listing. What a live lease makes running is judged by the server's clock; the
-        # rest by the status column, written with the record. The key filter is a byte range (the keys that start with a prefix).
+        # rest by the status column, written with the record. The key filter is a byte range: the keys that
+        # start with a prefix, which the planner can estimate, where a computed prefix it cannot.
         live = f'coalesce(lease_expires > (SELECT {now}), false)'  # the clock read once, not row by row
         listed = (
             '(record IS NOT NULL OR updated IS NOT NULL) '
