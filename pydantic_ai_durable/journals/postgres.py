@@ -39,6 +39,7 @@ _INSTALL_HINT = (
     "pip install 'psycopg[binary]>=3.2' 'psycopg-pool>=3.2'"
 )
 _LEASE_ATTEMPTS = 8
+_safe_dsn = mask_dsn  # the DSN without anything that could be part of its password, for messages and reprs
 
 
 def _require_psycopg() -> None:
