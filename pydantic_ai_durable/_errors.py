@@ -7,6 +7,7 @@ can tell a journal problem (retrying will not help) from an ordinary failure of 
 from __future__ import annotations
 
 __all__ = (
+    'ConsoleRefused',
     'DurableError',
     'EncryptionMismatch',
     'ExecutionBusy',
@@ -166,3 +167,7 @@ class ReplayDiverged(DurableError):
             'default): the changed steps run live, and a tool call whose name and arguments equal a recorded one '
             'gets the recorded result instead of running again.'
         )
+
+
+class ConsoleRefused(DurableError, ValueError):
+    """The console will not start as asked: it would serve the journal to others without a token (UI-4)."""

@@ -32,6 +32,10 @@ CASES = {
         ['--n', '4', '--rounds', '1', '--kills', '0', '--engines', 'celery', '--journals', 'disk'],
         '| celery | disk |',
     ),
+    'console_listing': (
+        ['--n', '200', '--rounds', '1', *([] if POSTGRES else ['--no-postgres'])],
+        'one key (the execution page)',
+    ),
     'concurrency': (
         ['--n', '5', '--processes', '0', '--configs', 'bare,disk,postgres' if POSTGRES else 'bare,disk'],
         'one DiskJournal | 5 |',

@@ -31,7 +31,7 @@ import_graph = _load_graph_script()
 
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ('the integrations with other engines', frozenset({'celery', 'procrastinate'})),
-    ('entry points', frozenset({'__init__', '__main__', '_cli', 'testing'})),
+    ('entry points', frozenset({'__init__', '__main__', '_cli', '_console', 'testing'})),
     ('the capability', frozenset({'_capability'})),
     ('the steps', frozenset({'_steps'})),
     ('the active run and the execution scope', frozenset({'_active_run', '_execution'})),

@@ -1,10 +1,10 @@
-"""`python -m pydantic_ai_durable`: list, show, delete, prune, rekey, export, import and fork executions (CLI-1, XP).
+"""`python -m pydantic_ai_durable`: list, show, delete, prune, rekey, export, import, fork executions, serve (CLI-1).
 
 When a retry costs money again, a user needs to see what the journal held and where replay stopped,
 without writing code. The CLI only works on a journal that already exists: it never creates a
 directory or a database schema, so a mistyped path is reported instead of silently becoming an empty
 journal. Modules: `_parsing` (the command line), `_target` (opening the journal), `_render`, `_commands`, `_transfer`
-(export, import, fork, messages).
+(export, import, fork, messages), `_serve` (the console, UI-1).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from ._commands import delete_command, list_command, prune_command, rekey_command, show_command
 from ._parsing import PROG, build_parser, parse_duration, run_order
 from ._render import escape
+from ._serve import serve_command
 from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, open_target
 from ._transfer import export_command, fork_command, import_command, messages_command
 
@@ -33,6 +34,15 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     options = parser.parse_args(arguments)  # exits with EXIT_USAGE on a bad command line
     try:
         command = options.command
+        if command == 'serve':
+            return serve_command(
+                options.journal,
+                options.schema,
+                host=options.host,
+                port=options.port,
+                token=options.token,
+                read_only=options.read_only,
+            )
         target = open_target(options.journal, options.schema, rekeying=command == 'rekey', creating=command == 'import')
         if options.command == 'rekey':
             return rekey_command(target, options.json)

@@ -10,6 +10,7 @@ import argparse
 import re
 from dataclasses import dataclass
 
+from .._core import run_order
 from ..journals import EXECUTION_STATES, ExecutionState
 
 __all__ = ('PROG', 'Duration', 'build_parser', 'parse_duration', 'run_order')
@@ -71,15 +72,6 @@ def _duration_argument(text: str) -> Duration:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def run_order(run: str) -> tuple[tuple[int, int | str], ...]:
-    """Sort key putting run keys in start order: `0` < `0.1.1` < `0.3.1` < `1` < `10` (R-3, R-4).
-
-    Run keys are dotted integers; comparing them as strings would put `10` before `2` and a nested
-    run after its successors. A part that is not an integer (never written by this package) sorts last.
-    """
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in run.split('.'))
-
-
 def build_parser(prog: str) -> argparse.ArgumentParser:
     # The shared options are accepted before and after the command. The subparsers' copies default
     # to SUPPRESS so that a value given before the command is not overwritten by their default.
@@ -104,7 +96,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog=prog,
-        description='Inspect a pydantic-ai-durable journal: list, show, delete, prune, export, import, fork.',
+        description='Inspect a pydantic-ai-durable journal: list, show, delete, prune, export, import, fork, serve.',
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -120,6 +112,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         ('export', 'write one execution to a JSON file, to import into any journal'),
         ('import', 'write an exported execution into the journal, all of it or nothing'),
         ('fork', 'copy the steps of an execution before a step to a new key, whose retry runs the rest live'),
+        ('serve', 'serve the console in the browser (needs the extra console)'),
     ):
         sub[name] = commands.add_parser(name, help=help_text, description=help_text.capitalize() + '.')
         shared(sub[name], top=False)
@@ -154,6 +147,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         required=True,
         help='the first step to run live, as show numbers it',
     )
+    sub['serve'].add_argument('--host', default='127.0.0.1', help='the address to bind (default 127.0.0.1)')
+    sub['serve'].add_argument('--port', type=int, default=8765, help='the port (default 8765)')
+    sub['serve'].add_argument(
+        '--token',
+        default=None,
+        help='require this token (default: $PYDANTIC_AI_DURABLE_CONSOLE_TOKEN); needed for any host but 127.0.0.1',
+    )
+    sub['serve'].add_argument('--read-only', action='store_true', help='show everything, change nothing')
     sub['delete'].add_argument('key', metavar='KEY', help='the execution key')
     sub['delete'].add_argument(
         '--force', action='store_true', help='delete even while a live attempt holds the execution'

@@ -16,7 +16,7 @@ from ._conversation import recorded_conversation
 from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits
 from ._fences import RunMeta
 from ._import import ImportReport
-from ._records import ENTRY_VERSION, Kind, latest_spend, parse_entry
+from ._records import ENTRY_VERSION, Kind, latest_spend, parse_entry, run_order
 from ._rekey import RekeyReport, rekey
 from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata
 from ._retry import retry_delay
@@ -61,5 +61,6 @@ __all__ = (
     'recorded_conversation',
     'rekey',
     'retry_delay',
+    'run_order',
     'sweep_interrupted',
 )

@@ -49,6 +49,9 @@ replays it), delete the whole `execution`, or delete each `run` as it succeeds."
 _AUTO_PRUNE = 8
 """How many expired executions the end of a successful attempt deletes at most (FN-2)."""
 
+_HISTORY = 20
+"""How many attempts an execution record remembers (who ran each, when, how it ended)."""
+
 _RETRY_FIRST = 0.02
 _RETRY_MAX = 0.5
 """Backoff between tries of a failing journal call: from 20 ms, doubling, at most half a second."""
@@ -203,11 +206,22 @@ class Attempt:
             await self.store(state, 'the cleanup of the execution', delete, patient=patient)  # C-2, or C-1
         elif error is None:  # FN-1: finished, and kept until its retention ends
             retention = self.retention if self.retention is not FROM_JOURNAL else _journal_retention(journal)
+            history = self._history(state, 'finished')
             await self._write_record(
-                state, status='finished', finished=time.time(), retention=retention, patient=patient
+                state, status='finished', finished=time.time(), retention=retention, history=history, patient=patient
             )
         else:
-            await self._write_record(state, status='failed', patient=patient)
+            history = self._history(state, 'failed', error)
+            await self._write_record(state, status='failed', history=history, patient=patient)
+
+    def _history(self, state: StoreHold, outcome: str, error: BaseException | None = None) -> list[Any]:
+        """The record's attempts with this one's end: when, how, and the type of the error that ended it (UI-2)."""
+        history = [dict(item) for item in state.record.get('history', ()) if isinstance(item, dict)]
+        if history and history[-1].get('n') == self.number:
+            history[-1].update(ended=time.time(), outcome=outcome)
+            if error is not None:
+                history[-1]['error'] = type(error).__name__
+        return history
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -278,6 +292,12 @@ class Attempt:
         record.pop('finished', None)
         if self.metadata is not None:
             record['metadata'] = self.metadata
+        listed_history = record.get('history')
+        history = (
+            [item for item in listed_history if isinstance(item, dict)] if isinstance(listed_history, list) else []
+        )
+        # Who ran each attempt and when, the last few: what the console shows of an execution (UI-2).
+        record['history'] = [*history, {'n': self.number, 'holder': self.holder, 'started': time.time()}][-_HISTORY:]
         state.record = {
             **record,
             'v': ENTRY_VERSION,

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any, Literal
 
-__all__ = ('ENTRY_VERSION', 'KINDS', 'Kind', 'latest_spend', 'one_line', 'parse_entry', 'readable')
+__all__ = ('ENTRY_VERSION', 'KINDS', 'Kind', 'latest_spend', 'one_line', 'parse_entry', 'readable', 'run_order')
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -67,3 +67,12 @@ def one_line(error: BaseException, limit: int = 400) -> str:
     """An error's text on one line, cut to `limit` characters: for a fence's record and for messages."""
     text = ' '.join(str(error).split()) or type(error).__name__
     return text if len(text) <= limit else text[: limit - 3] + '...'
+
+
+def run_order(run: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key putting run keys in start order: `0` < `0.1.1` < `0.3.1` < `1` < `10` (R-3, R-4).
+
+    Run keys are dotted integers; comparing them as strings would put `10` before `2` and a nested
+    run after its successors. A part that is not an integer (never written by this package) sorts last.
+    """
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in run.split('.'))

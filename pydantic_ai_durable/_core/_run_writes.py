@@ -106,7 +106,10 @@ class RunWriter:
             'kind': step.kind,
             'fingerprint': step.fingerprint,
             't': time.time(),  # when it was recorded, for inspection (CLI-1)
+            'a': self.attempt.number,  # the attempt that wrote it, and when its body started (UI-2)
         }
+        if step.started is not None:
+            entry['s'] = step.started
         if step.position == 0 and self.start is not None:
             entry['start'] = self.start
         if step.call is not None:

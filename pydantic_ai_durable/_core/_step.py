@@ -8,6 +8,7 @@ harness watches live steps through `STEP_OBSERVER` and stops one with `Simulated
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -108,6 +109,8 @@ class Step:
     """It replays the recorded result of an earlier call with the same name and arguments (DV-2)."""
     rerun: bool = False
     """It ran in an earlier attempt but its result could not be journaled, and runs again on request (JF-5)."""
+    started: float | None = None
+    """When its live body started (epoch seconds), kept in its entry for the console's timeline (UI-2)."""
 
     @property
     def live_by_rule(self) -> str | None:
@@ -132,6 +135,7 @@ class Step:
     async def start(self) -> None:
         """Call right before the live body: stops the attempt if it may no longer run steps (B-10, JF-2)."""
         await self.ensure_attempt()
+        self.started = time.time()
         self.reached('before_body')
 
     async def ensure_attempt(self) -> None:

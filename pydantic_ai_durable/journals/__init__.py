@@ -13,7 +13,7 @@ from ._dsn import scrub as scrub
 from ._json import dumps as dumps
 from ._json import encodable as encodable
 from ._protocol import EXECUTION_STATES as EXECUTION_STATES
-from ._protocol import ExecutionInfo, Journal, Lease, LeaseRenewal, RunSnapshot
+from ._protocol import ExecutionInfo, ExecutionPage, Journal, Lease, LeaseRenewal, RunSnapshot
 from ._protocol import ExecutionState as ExecutionState
 from ._sealing import KEYS_VARIABLE as KEYS_VARIABLE  # for the CLI
 from ._sealing import SEALED as SEALED
@@ -29,6 +29,7 @@ __all__ = (
     'DiskJournal',
     'Encryption',
     'ExecutionInfo',
+    'ExecutionPage',
     'Journal',
     'Lease',
     'LeaseRenewal',

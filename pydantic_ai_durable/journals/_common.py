@@ -1,15 +1,28 @@
-"""Small pieces every backend shares: key hashing and the status of a listed execution."""
+"""Small pieces every backend shares: key hashing, the status of a listed execution, and paging a listing."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from .._runtime import end_holding, new_holder, start_holding
-from ._protocol import EXECUTION_STATES, ExecutionState, Journal, Lease
+from ._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionPage, ExecutionState, Journal, Lease
 
-__all__ = ('delete_under_lease', 'execution_id', 'metadata_of', 'retention_of', 'state_of', 'wanted_states')
+__all__ = (
+    'MAX_PAGE',
+    'check_page',
+    'delete_under_lease',
+    'execution_id',
+    'metadata_of',
+    'page_of',
+    'retention_of',
+    'state_of',
+    'wanted_states',
+)
+
+MAX_PAGE = 1000
+"""The most executions one page holds: a screen shows far fewer, and a bigger page is a listing of everything."""
 
 _DELETE_TTL = 60.0
 """Seconds a deletion holds its lease: long enough for any deletion, short if the deleting process dies."""
@@ -64,6 +77,34 @@ def wanted_states(state: ExecutionState | Collection[ExecutionState] | None) -> 
     if unknown:
         raise ValueError(f'Unknown execution state {", ".join(unknown)}: use {", ".join(EXECUTION_STATES)}.')
     return frozenset(known for known in EXECUTION_STATES if known in asked)
+
+
+def check_page(limit: int, offset: int) -> None:
+    """Refuse a page that is not one: `limit` from 1 to `MAX_PAGE`, `offset` from 0 (B-17)."""
+    if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f'A page holds 1 to {MAX_PAGE} executions; limit={limit!r} is not one.')
+    if type(offset) is not int or offset < 0:
+        raise ValueError(f'offset counts the executions skipped (0 or more), not {offset!r}.')
+
+
+def page_of(
+    infos: Iterable[ExecutionInfo],
+    *,
+    state: ExecutionState | Collection[ExecutionState] | None,
+    prefix: str,
+    key: str | None,
+    limit: int,
+    offset: int,
+) -> ExecutionPage:
+    """A page cut from a whole listing, for a store small enough to list (memory) (B-17)."""
+    wanted = wanted_states(state)
+    check_page(limit, offset)
+    matching = [info for info in infos if (info.key == key if key is not None else info.key.startswith(prefix))]
+    counts: dict[ExecutionState, int] = {
+        name: sum(info.state == name for info in matching) for name in EXECUTION_STATES
+    }
+    chosen = sorted((info for info in matching if info.state in wanted), key=lambda info: (-info.updated, info.key))
+    return ExecutionPage(chosen[offset : offset + limit], counts)
 
 
 async def delete_under_lease(journal: Journal, key: str, *, force: bool) -> Lease | None:

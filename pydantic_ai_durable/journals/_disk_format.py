@@ -277,6 +277,19 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
         ).fetchall()
         return [key for (key,) in rows if isinstance(key, str)]
 
+    def rows(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """The rows of one read-only statement (the listing's, `_disk_listing`), on the hardened connection."""
+        return self._con.execute(statement, params).fetchall()
+
+    def add_index(self, statement: str) -> bool:
+        """Run one `CREATE INDEX IF NOT EXISTS`; `False` when the database cannot take it (read-only, busy)."""
+        try:
+            self._con.execute(statement)
+        except sqlite3.Error as exc:
+            log.debug('creating an index of the journal failed: %r', exc)
+            return False
+        return True
+
     def leases_naming(self, fragment: str, *, besides: str) -> bool:
         """Whether a lease row (`<eid>/l`) other than `besides` holds `fragment`, a holder's process token."""
         row = self._con.execute(

@@ -11,12 +11,14 @@ from typing import LiteralString
 
 __all__ = ('SCHEMA_VERSION', 'Sql', 'quote_identifier')
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The layout this code writes; a database at a newer version is refused (it was migrated by a newer release).
 
 Version 2 added fencing epochs and the lease holder's database session; version 3 added when a finished
-execution's retention ends, with an index (FN-2). Older schemas are upgraded in place, and releases that
-only know an older version then refuse the database, so no writer remains that ignores what was added.
+execution's retention ends, with an index (FN-2); version 4 the record's status in a column of its
+own, with an index, so a page of the listing is counted and sorted without reading every record (B-17).
+Older schemas are upgraded in place, and releases that only know an older version then refuse the
+database, so no writer remains that ignores what was added.
 """
 
 _NOW = 'extract(epoch FROM clock_timestamp())'
@@ -73,6 +75,8 @@ class Sql:
             ALTER TABLE {s}.executions ADD COLUMN IF NOT EXISTS retain_until double precision;
             CREATE INDEX IF NOT EXISTS executions_retain_until ON {s}.executions (retain_until)
                 WHERE retain_until IS NOT NULL;
+            ALTER TABLE {s}.executions ADD COLUMN IF NOT EXISTS status text;
+            CREATE INDEX IF NOT EXISTS executions_status_updated ON {s}.executions (status, updated);
         """
         self.read_version: LiteralString = f'SELECT version FROM {s}.schema_version'
         self.set_version: LiteralString = (
@@ -102,7 +106,7 @@ class Sql:
         )
         # A finished record's retention is counted by the server's clock from this write (B-11, FN-2).
         self.write_execution: LiteralString = (
-            f'UPDATE {s}.executions SET record = %(value)s, updated = {now}, '
+            f'UPDATE {s}.executions SET record = %(value)s, updated = {now}, status = %(status)s, '
             f'retain_until = {now} + %(retention)s::double precision '
             'WHERE eid = %(eid)s AND lease_epoch = %(epoch)s RETURNING 1'
         )
@@ -157,6 +161,42 @@ class Sql:
             LEFT JOIN e ON e.eid = x.eid LEFT JOIN r ON r.eid = x.eid LEFT JOIN u ON u.eid = x.eid
             WHERE x.record IS NOT NULL OR e.n IS NOT NULL OR r.n IS NOT NULL
         """
+        # B-17: a page of the listing. What a live lease makes running is judged by the server's clock; the
+        # rest by the status column, written with the record. The key filter is a byte range: the keys that
+        # start with a prefix, which the planner can estimate, where a computed prefix it cannot.
+        live = f'coalesce(lease_expires > (SELECT {now}), false)'  # the clock read once, not row by row
+        listed = (
+            '(record IS NOT NULL OR updated IS NOT NULL) '
+            'AND (%(eid)s::text IS NULL OR eid = %(eid)s) '
+            'AND key >= %(low)s AND (%(high)s::bytea IS NULL OR key < %(high)s)'
+        )
+        bucket = "CASE WHEN status IN ('finished', 'failed') THEN status ELSE 'interrupted' END"
+        self.page_counts: LiteralString = (
+            f'SELECT {bucket}, CASE WHEN {live} THEN lease_holder END, count(*) FROM {s}.executions '
+            f'WHERE {listed} GROUP BY 1, 2'
+        )
+        # The states are tested on the status column as it is, so the last-update index serves the order.
+        stored = (
+            '(status = ANY(%(statuses)s) OR '
+            "(%(interrupted)s AND (status IS NULL OR status NOT IN ('finished', 'failed'))))"
+        )
+        self.page_rows: LiteralString = (
+            f'SELECT eid, key, record, {live}, lease_holder, retain_until, updated FROM {s}.executions '
+            f'WHERE {listed} AND (({live} AND %(running)s) OR (NOT {live} AND {stored})) '
+            'ORDER BY updated DESC, key LIMIT %(limit)s OFFSET %(offset)s'
+        )
+        self.page_sizes: LiteralString = (
+            'SELECT eid, run, count(position), sum(octet_length(value)) FROM ('
+            f'SELECT eid, run, position, value FROM {s}.entries WHERE eid = ANY(%(eids)s) UNION ALL '
+            f'SELECT eid, run, NULL, value FROM {s}.run_records WHERE eid = ANY(%(eids)s)) AS stored GROUP BY eid, run'
+        )
+        self.unset_status: LiteralString = (
+            f'SELECT eid, record FROM {s}.executions WHERE status IS NULL AND record IS NOT NULL'
+        )
+        self.set_status: LiteralString = (
+            f'UPDATE {s}.executions AS x SET status = v.status '
+            'FROM unnest(%(eids)s::text[], %(statuses)s::text[]) AS v(eid, status) WHERE x.eid = v.eid'
+        )
         # A holder is dead when its lease expired by the server's clock, or when it is an ended attempt
         # of the acquiring process (`take_over`). Its database session proves nothing: a session ends
         # when the server restarts or a pooled connection is closed, while the holder runs on (CC-4).

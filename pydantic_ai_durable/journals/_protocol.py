@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 __all__ = (
     'EXECUTION_STATES',
     'ExecutionInfo',
+    'ExecutionPage',
     'ExecutionState',
     'Journal',
     'Lease',
@@ -82,6 +83,20 @@ class ExecutionInfo:
     """For a finished execution: epoch seconds after which retention deletes it (`None`: kept until pruned)."""
 
 
+@dataclass(frozen=True)
+class ExecutionPage:
+    """One page of `page_executions` (B-17): its executions, the most recently changed first, and the counts."""
+
+    executions: list[ExecutionInfo]
+    counts: dict[ExecutionState, int]
+    """How many executions match the key filter in each state, whichever states the page was asked for."""
+
+    def total(self, state: ExecutionState | Collection[ExecutionState] | None = None) -> int:
+        """How many executions match the key filter and `state` (every state by default): what the pages hold."""
+        asked = EXECUTION_STATES if state is None else (state,) if isinstance(state, str) else tuple(state)
+        return sum(self.counts.get(name, 0) for name in asked)
+
+
 @runtime_checkable
 class Journal(Protocol):
     """Storage for executions: entries per run and position, run records, one execution record, a lease.
@@ -137,6 +152,24 @@ class Journal(Protocol):
         """Every execution with something stored, in one state or several if asked, sorted by key (FN-3).
 
         A worker fleet lists `interrupted` executions to dispatch them again; an operator lists them all.
+        """
+        ...
+
+    async def page_executions(
+        self,
+        *,
+        state: ExecutionState | Collection[ExecutionState] | None = None,
+        prefix: str = '',
+        key: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> ExecutionPage:
+        """A page of the executions whose key starts with `prefix` (or is `key`), in `state`, last changed first (B-17).
+
+        At most `limit` executions after skipping `offset`, sorted by their last write (the most recent
+        first; ties in an order the store keeps), with the count of the matching executions in each state, judged as
+        `list_executions` judges them. A store of many executions answers from an index, without reading
+        every execution, so an operator's screen opens as fast on 100,000 executions as on ten.
         """
         ...
 

@@ -27,7 +27,7 @@ KEYS_VARIABLE = 'PYDANTIC_AI_DURABLE_KEYS'
 SEALED = 'sealed'
 """The field of a stored value that holds its encrypted part: `{"k": key id, "c": base64(nonce + ciphertext)}`."""
 
-_ENTRY_CLEAR = frozenset({'v', 'name', 'kind', 'fingerprint', 't', 'start', 'matched', 'origin'})
+_ENTRY_CLEAR = frozenset({'v', 'name', 'kind', 'fingerprint', 't', 'a', 's', 'start', 'matched', 'origin'})
 """What an entry keeps in clear: how the engine and the CLI find and match a step, never what it returned."""
 _EXECUTION_SEALED = frozenset({'metadata'})
 """What an execution record seals: the rest is bookkeeping every backend reads (status, retention, runs)."""

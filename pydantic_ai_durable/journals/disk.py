@@ -24,9 +24,18 @@ from ._disk_commits import SharedCommits
 from ._disk_directory import Durability, check_directory, open_cache, place_of, safe_place
 from ._disk_heads import EXPIRY, RESERVE, Heads, delete_run_items, entry_key, expiry_key, record_key
 from ._disk_leases import fence, forget_process, held_alive, next_epoch, proved_dead, read_lease, store_lease
+from ._disk_listing import Listing
 from ._files import DEFAULT_MODE, check_mode
 from ._process_lock import drop_lock, hold_lock
-from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
+from ._protocol import (
+    FINISHED,
+    ExecutionInfo,
+    ExecutionPage,
+    ExecutionState,
+    Lease,
+    LeaseRenewal,
+    RunSnapshot,
+)
 from ._sealing import Encryption, Sealer
 
 __all__ = ('DiskJournal', 'default_directory')
@@ -86,6 +95,7 @@ class DiskJournal:
         self._heads = Heads(self.path)
         self._sealer = Sealer(encryption)
         self._commits = SharedCommits(self._writable_cache)
+        self._listing: Listing | None = None
 
     @property
     def encryption(self) -> Encryption | None:
@@ -279,6 +289,8 @@ class DiskJournal:
         with cache.transact():
             head, now = self._stamped_head(cache, key, eid, epoch)
             self._heads.unindex(cache, head)
+            status = value.get('status')
+            head['status'] = status if isinstance(status, str) else None  # what a page of the listing counts (B-17)
             if retention is not None:  # FN-2: an index row, so retention finds it without scanning the journal
                 head['retain_until'] = now + retention
                 head['expiry'] = expiry_key(now + retention, eid)
@@ -343,6 +355,20 @@ class DiskJournal:
                 )
             )
         return sorted(infos, key=lambda info: info.key)
+
+    async def page_executions(
+        self,
+        *,
+        state: ExecutionState | Collection[ExecutionState] | None = None,
+        prefix: str = '',
+        key: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> ExecutionPage:
+        cache = self._open_cache()
+        if self._listing is None or self._listing.cache is not cache:
+            self._listing = Listing(cache, self.path, self._sealer)
+        return self._listing.page(state=state, prefix=prefix, key=key, limit=limit, offset=offset)
 
     async def prune(
         self,

@@ -12,8 +12,8 @@ from typing import Any
 from .._errors import LeaseLost
 from .._runtime import DEFAULT_RETENTION, Retention, local_clock, ours_and_ended, retention_seconds
 from . import _json
-from ._common import metadata_of, retention_of, state_of, wanted_states
-from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
+from ._common import metadata_of, page_of, retention_of, state_of, wanted_states
+from ._protocol import FINISHED, ExecutionInfo, ExecutionPage, ExecutionState, Lease, LeaseRenewal, RunSnapshot
 from ._sealing import Encryption, Sealer
 
 __all__ = ('MemoryJournal',)
@@ -170,6 +170,18 @@ class MemoryJournal:
                     )
                 )
         return sorted(infos, key=lambda info: info.key)
+
+    async def page_executions(
+        self,
+        *,
+        state: ExecutionState | Collection[ExecutionState] | None = None,
+        prefix: str = '',
+        key: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> ExecutionPage:
+        infos = await self.list_executions()
+        return page_of(infos, state=state, prefix=prefix, key=key, limit=limit, offset=offset)
 
     async def acquire_lease(self, key: str, holder: str, ttl: float, *, force: bool = False) -> Lease:
         with self._lock:

@@ -22,9 +22,10 @@ from . import _json
 from ._common import execution_id, metadata_of, retention_of, state_of, wanted_states
 from ._dsn import mask_dsn, scrub
 from ._pg_connections import Connections
+from ._pg_listing import fill_status, read_page, status_of
 from ._pg_sql import SCHEMA_VERSION, Sql
 from ._pg_values import VALUE_REFUSED, key_bytes, key_text, one_line, storable
-from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
+from ._protocol import FINISHED, ExecutionInfo, ExecutionPage, ExecutionState, Lease, LeaseRenewal, RunSnapshot
 from ._sealing import Encryption, Sealer
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ _INSTALL_HINT = (
     "pip install 'psycopg[binary]>=3.2' 'psycopg-pool>=3.2'"
 )
 _LEASE_ATTEMPTS = 8
+_safe_dsn = mask_dsn  # the DSN without anything that could be part of its password, for messages and reprs
 
 
 def _require_psycopg() -> None:
@@ -113,7 +115,7 @@ class PostgresJournal:
         return self._sealer.encryption
 
     def __repr__(self) -> str:
-        return f'PostgresJournal({_safe_dsn(self.dsn)!r}, schema={self.schema!r})'
+        return f'PostgresJournal({mask_dsn(self.dsn)!r}, schema={self.schema!r})'
 
     @property
     def store_identity(self) -> object:
@@ -184,6 +186,8 @@ class PostgresJournal:
                 )
             if version != SCHEMA_VERSION:
                 await conn.execute(self._sql.ddl)
+                if version is not None:  # records written before the status column (B-17)
+                    await fill_status(conn, self._sql)
                 await conn.execute(self._sql.set_version, {'version': SCHEMA_VERSION})
         # Privileges and read-only replicas: this connection is the probe's alone, so no other write
         # can land inside the transaction it rolls back (CC-1).
@@ -288,6 +292,7 @@ class PostgresJournal:
         if text is None:
             return False
         params = {'eid': execution_id(key), 'epoch': epoch, 'value': text, 'retention': retention_of(value)}
+        params['status'] = status_of(value)  # B-17
         return await self._fenced(key, self._sql.write_execution, params)
 
     async def _delete_eids(self, conn: AsyncConnection[Any], eids: list[str]) -> None:
@@ -339,6 +344,18 @@ class PostgresJournal:
                 )
             )
         return sorted(infos, key=lambda info: info.key)
+
+    async def page_executions(
+        self,
+        *,
+        state: ExecutionState | Collection[ExecutionState] | None = None,
+        prefix: str = '',
+        key: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> ExecutionPage:
+        asked: dict[str, Any] = {'state': state, 'prefix': prefix, 'key': key, 'limit': limit, 'offset': offset}
+        return await self._connections.run(lambda conn: read_page(conn, self._sql, self._sealer, **asked))
 
     async def prune(
         self,
@@ -462,17 +479,11 @@ class PostgresJournal:
 
 async def _nothing(conn: AsyncConnection[Any]) -> None:
     """An operation that only needs the pool ready: opening checks the schema and the privileges."""
-    del conn
 
 
 def _conninfo_of(pool: AsyncConnectionPool[Any]) -> str:
     conninfo = getattr(pool, 'conninfo', '')
     return conninfo if isinstance(conninfo, str) else ''
-
-
-def _safe_dsn(dsn: str) -> str:
-    """The DSN without anything that could be part of its password, for messages and reprs (see `_dsn`)."""
-    return mask_dsn(dsn)
 
 
 def _without_password(exc: Exception, dsn: str) -> Exception:

@@ -1,0 +1,227 @@
+"""A disk journal listed a page at a time (B-17): two partial indexes over `cache.db` and the statements reading them.
+
+Listing every execution reads every head, record and entry of the journal; an operator's screen needs one
+page of the most recently changed executions and how many there are in each state. Heads (`{eid}/h`) are
+rewritten with every change of their execution, so the time SQLite stamps on a head's row orders
+executions by their last change; a partial index covering the heads' rows (`journal_heads`) reads them in
+that order, and another (`journal_leases`) finds the few lease rows without a scan. Both are derived data:
+created on the first listing, kept by SQLite from then on, and a journal that cannot take them (read-only)
+is still listed correctly, only slower. Every SQL statement of the listing is in this module.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from . import _json
+from ._common import check_page, execution_id, metadata_of, state_of, wanted_states
+from ._disk_leases import held_alive
+from ._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionPage, ExecutionState
+from ._sealing import Sealer
+
+__all__ = ('Listing',)
+
+_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS journal_heads ON Cache(store_time, key, value) WHERE key GLOB '*/h'",
+    "CREATE INDEX IF NOT EXISTS journal_leases ON Cache(key) WHERE key GLOB '*/l'",
+)
+_EID = 'substr(h.key, 1, length(h.key) - 2)'
+"""A head's or a lease's row key less its `/h` or `/l`: the execution's digest."""
+
+
+def _field(name: str, table: str, safe: bool) -> str:
+    """A field of a row's JSON value; `safe` also reads a value that is not JSON (as `NULL`, never an error)."""
+    extract = f"json_extract({table}.value, '$.{name}')"
+    return f'CASE WHEN json_valid({table}.value) THEN {extract} END' if safe else extract
+
+
+def _record_status() -> str:
+    """The status in the execution record: for a head written before heads carried it (B-17)."""
+    return f"(SELECT {_field('status', 'x', True)} FROM Cache AS x WHERE x.key = {_EID} || '/x')"
+
+
+def _bucket(status: object) -> str:
+    """The state of an execution no live lease holds, from the status its record holds (FN-3)."""
+    return str(status) if status in ('finished', 'failed') else 'interrupted'
+
+
+class Listing:
+    """The pages of one opened journal cache (a `JournalCache`), its indexes made once."""
+
+    def __init__(self, cache: Any, path: Path, sealer: Sealer) -> None:
+        self.cache = cache
+        self._path = path
+        self._sealer = sealer
+        self.safe = False
+        """Set once a head was found that is not JSON: every statement then checks each value first."""
+        self.indexed = all(cache.add_index(statement) for statement in _INDEXES)
+
+    def page(
+        self,
+        *,
+        state: ExecutionState | Collection[ExecutionState] | None,
+        prefix: str,
+        key: str | None,
+        limit: int,
+        offset: int,
+    ) -> ExecutionPage:
+        wanted = wanted_states(state)
+        check_page(limit, offset)
+        eid = execution_id(key) if key is not None else None
+        try:
+            prefix.encode('utf-8')  # SQLite takes no lone surrogate, and no head's JSON holds one
+        except UnicodeEncodeError:
+            return ExecutionPage([], dict.fromkeys(EXECUTION_STATES, 0))
+        alive = [found for found in self.leased() if held_alive(self._path, self.cache, found)]
+        counts: dict[ExecutionState, int] = dict.fromkeys(EXECUTION_STATES, 0)
+        stored = self.counts(prefix, eid)
+        for held in alive:  # a live lease makes it running, whatever its record says (FN-3)
+            bucket = self.bucket(held, prefix) if eid in (None, held) else None
+            if bucket is not None and stored.get(bucket, 0) > 0:
+                stored[bucket] -= 1
+                counts['running'] += 1
+        for name in EXECUTION_STATES:
+            counts[name] += stored.get(name, 0) if name != 'running' else 0
+        infos = [
+            self._info(found, text, found in alive)
+            for found, text in self.rows(prefix, eid, wanted, alive, limit, offset)
+        ]
+        return ExecutionPage([info for info in infos if info is not None], counts)
+
+    def _info(self, eid: str, text: Any, leased: bool) -> ExecutionInfo | None:
+        head = _json.loads_dict(text)
+        if head is None or not isinstance(head.get('key'), str) or not isinstance(head.get('runs'), dict):
+            return None
+        stored = self.cache.get(f'{eid}/x')
+        record = _json.loads_dict(stored)
+        steps, size = self.steps(eid)
+        retain_until = head.get('retain_until')
+        updated = head.get('updated')
+        return ExecutionInfo(
+            key=head['key'],
+            runs=sum(isinstance(run, dict) for run in head['runs'].values()),
+            steps=steps,
+            bytes=size + (len(stored) if isinstance(stored, str) else 0),
+            state=state_of(record, leased=leased),
+            updated=float(updated) if isinstance(updated, (int, float)) else 0.0,
+            metadata=metadata_of(self._sealer.open_execution(head['key'], record)),
+            retain_until=float(retain_until) if isinstance(retain_until, (int, float)) else None,
+        )
+
+    def leased(self) -> list[str]:
+        """The digests of the executions with a lease row: live ones, and those a dead holder left."""
+        hint = 'INDEXED BY journal_leases ' if self.indexed else ''
+        rows = self.cache.rows(f"SELECT {_EID} FROM Cache AS h {hint}WHERE h.key GLOB '*/l'")
+        return [eid for (eid,) in rows if isinstance(eid, str)]
+
+    def _query(self, statement: Callable[[bool], str], params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Run a statement built for JSON heads; a head that is not JSON makes it, and every later one, check first."""
+        if not self.safe:
+            try:
+                return self.cache.rows(statement(False), params)  # type: ignore[no-any-return]
+            except sqlite3.OperationalError as exc:
+                if 'JSON' not in str(exc):
+                    raise
+                self.safe = True
+        return self.cache.rows(statement(True), params)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _matching(prefix: str, eid: str | None, safe: bool) -> tuple[str, tuple[Any, ...]]:
+        params: tuple[Any, ...]
+        where, params = "h.key GLOB '*/h'", ()
+        if eid is not None:
+            where, params = f'{where} AND h.key = ?', (f'{eid}/h',)
+        if prefix:
+            key = _field('key', 'h', safe)
+            where, params = f'{where} AND substr({key}, 1, ?) = ?', (*params, len(prefix), prefix)
+        return where, params
+
+    def counts(self, prefix: str, eid: str | None) -> dict[str, int]:
+        """How many matching executions are in each state no lease changes (`finished`, `failed`, `interrupted`).
+
+        One pass over the heads' index; the heads that do not carry the status (written before they did)
+        take a second pass that reads their records.
+        """
+        counts = {'finished': 0, 'failed': 0, 'interrupted': 0}
+        missing = 0
+        params = self._matching(prefix, eid, False)[1]
+
+        def by_head(safe: bool) -> str:
+            where = self._matching(prefix, eid, safe)[0]
+            return f'SELECT {_field("status", "h", safe)}, count(*) FROM Cache AS h WHERE {where} GROUP BY 1'
+
+        for status, count in self._query(by_head, params):
+            if status is None:
+                missing += int(count)
+            else:
+                counts[_bucket(status)] += int(count)
+        if missing:
+
+            def by_record(safe: bool) -> str:
+                where = self._matching(prefix, eid, safe)[0]
+                head = _field('status', 'h', safe)
+                return (
+                    f'SELECT {_record_status()}, count(*) FROM Cache AS h WHERE {where} AND {head} IS NULL GROUP BY 1'
+                )
+
+            for status, count in self._query(by_record, params):
+                counts[_bucket(status)] += int(count)
+        return counts
+
+    def bucket(self, eid: str, prefix: str) -> str | None:
+        """The state of one execution its lease aside, when it matches `prefix` (`None`: no head, or no match)."""
+        params = self._matching(prefix, eid, False)[1]
+
+        def one(safe: bool) -> str:
+            where = self._matching(prefix, eid, safe)[0]
+            return f'SELECT coalesce({_field("status", "h", safe)}, {_record_status()}) FROM Cache AS h WHERE {where}'
+
+        rows = self._query(one, params)
+        return _bucket(rows[0][0]) if rows else None
+
+    def rows(
+        self,
+        prefix: str,
+        eid: str | None,
+        wanted: Collection[ExecutionState],
+        alive: Collection[str],
+        limit: int,
+        offset: int,
+    ) -> list[tuple[str, Any]]:
+        """`(digest, head text)` of one page of the matching executions in `wanted`, the last changed first.
+
+        `alive` are the digests of the executions a live lease holds: `running`, whatever their record says.
+        """
+        params = self._matching(prefix, eid, False)[1]
+        held = json.dumps(sorted(alive))
+        statuses = json.dumps(sorted(state for state in wanted if state in ('finished', 'failed')))
+
+        def page(safe: bool) -> str:
+            where = self._matching(prefix, eid, safe)[0]
+            status = f'coalesce({_field("status", "h", safe)}, {_record_status()})'
+            stored = (
+                "(st IN (SELECT value FROM json_each(?)) OR (? AND (st IS NULL OR st NOT IN ('finished', 'failed'))))"
+            )
+            return (
+                f'SELECT eid, value FROM (SELECT {_EID} AS eid, h.value AS value, h.store_time AS t, h.key AS k, '
+                f'{status} AS st FROM Cache AS h WHERE {where}) '
+                f'WHERE ((eid IN (SELECT value FROM json_each(?)) AND ?) '
+                f'OR (eid NOT IN (SELECT value FROM json_each(?)) AND {stored})) '
+                'ORDER BY t DESC, k DESC LIMIT ? OFFSET ?'
+            )
+
+        asked = (held, 'running' in wanted, held, statuses, 'interrupted' in wanted, limit, offset)
+        return [(found, text) for found, text in self._query(page, (*params, *asked)) if isinstance(found, str)]
+
+    def steps(self, eid: str) -> tuple[int, int]:
+        """How many entries the execution holds, and their bytes: a range of the key index, not a scan."""
+        rows = self.cache.rows(
+            'SELECT count(*), coalesce(sum(length(value)), 0) FROM Cache WHERE key >= ? AND key < ?',
+            (f'{eid}/e/', f'{eid}/e0'),
+        )
+        count, size = rows[0]
+        return int(count), int(size)
