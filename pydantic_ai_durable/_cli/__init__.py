@@ -33,9 +33,12 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     options = parser.parse_args(arguments)  # exits with EXIT_USAGE on a bad command line
     try:
         command = options.command
-        target = open_target(options.journal, options.schema, rekeying=command == 'rekey', creating=command == 'import')
+        decrypt = command == 'rekey' and options.decrypt
+        target = open_target(
+            options.journal, options.schema, rekeying=command == 'rekey', decrypt=decrypt, creating=command == 'import'
+        )
         if options.command == 'rekey':
-            return rekey_command(target, options.json)
+            return rekey_command(target, options.json, decrypt=decrypt)
         if options.command == 'list':
             return list_command(target, options.state, options.json)
         if options.command == 'show' and options.messages:

@@ -6,10 +6,21 @@ import hashlib
 from collections.abc import Collection
 from typing import Any
 
+from .._errors import EncryptionMismatch, JournalCorrupt
 from .._runtime import end_holding, new_holder, start_holding
+from . import _json
 from ._protocol import EXECUTION_STATES, ExecutionState, Journal, Lease
+from ._sealing import Sealer
 
-__all__ = ('delete_under_lease', 'execution_id', 'metadata_of', 'retention_of', 'state_of', 'wanted_states')
+__all__ = (
+    'delete_under_lease',
+    'execution_id',
+    'listed',
+    'metadata_of',
+    'retention_of',
+    'state_of',
+    'wanted_states',
+)
 
 _DELETE_TTL = 60.0
 """Seconds a deletion holds its lease: long enough for any deletion, short if the deleting process dies."""
@@ -37,6 +48,34 @@ def state_of(record: dict[str, Any] | None, *, leased: bool) -> ExecutionState:
     if status == 'finished':
         return 'finished'
     return 'failed' if status == 'failed' else 'interrupted'
+
+
+def listed(
+    sealer: Sealer, key: str, text: object, *, leased: bool, wanted: frozenset[ExecutionState]
+) -> tuple[ExecutionState, dict[str, Any] | None, str | None] | None:
+    """One execution as a listing shows it: its state, metadata and problem; `None` when its state is not wanted.
+
+    `text` is its stored record (`None`: none). It is `corrupt` exactly when an attempt would refuse it: its
+    sealed part fails authentication, or, in a journal given keys, it does not decode (EN-3); the reason goes
+    with it, and the listing of every other execution goes on (B-6). Without keys a record that does not
+    decode reads as absent, as an attempt reads it (B-3), and one the keys cannot open keeps its state; both
+    say why in `problem`.
+    """
+    record = _json.loads_record(text)
+    state = state_of(record, leased=leased)
+    if state not in wanted and 'corrupt' not in wanted:
+        return None  # sealed metadata is opened only for what is listed: a fleet's sweep decrypts no finished ones
+    metadata: dict[str, Any] | None = None
+    problem: str | None = None
+    try:
+        metadata = metadata_of(sealer.open_execution(key, record))
+        if _json.undecoded(record):
+            problem = 'its execution record does not decode (it is not a JSON object); an attempt reads it as absent'
+    except JournalCorrupt as exc:
+        state, problem = 'corrupt', ' '.join(str(exc).split())
+    except EncryptionMismatch as exc:
+        problem = ' '.join(str(exc).split())
+    return (state, metadata, problem) if state in wanted else None
 
 
 def metadata_of(record: dict[str, Any] | None) -> dict[str, Any] | None:
