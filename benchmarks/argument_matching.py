@@ -4,6 +4,7 @@
     python benchmarks/argument_matching.py --base REV -n 50 -r 5 --gc on
     python benchmarks/argument_matching.py --base d027bf1 --phases replay --model-name gpt-4o   # X-4
     python benchmarks/argument_matching.py --base ffcca58 --phases record --bare   # what the package adds
+    python benchmarks/argument_matching.py --base 2177a83 --encryption   # journals given keys (EN-1, EN-6)
 
 A run that never diverges still pays for what DV-2 needs from every step: a second digest of each tool
 call (name and arguments without the call id), two more fields in each tool entry (`call`, `origin`),
@@ -11,8 +12,9 @@ and a little bookkeeping per claim. This script measures that cost as CPU instru
 machine does not change: it runs the same workload (`agent_overhead.build_agent`, N tool-call round trips)
 under valgrind's callgrind, once with the package of this checkout and once with the package as it was
 at `--base` (default: the last commit before DV-2), both in one run of this script, and prints the
-instructions per round trip of each and their difference. Only the measured attempt is counted: the
-child process switches callgrind's instrumentation on right before it and off right after it
+instructions per round trip of each and their difference. `--encryption` gives both journals keys, so
+the sealing of every value (and, after issue 46, of the fingerprints) is counted too. Only the measured
+attempt is counted: the child process switches callgrind's instrumentation on right before it and off right after it
 (`callgrind_control`), so imports and warm-up are left out, and garbage collection is off while it runs
 (`--gc on` keeps it: a collection's cost depends on when allocations cross a threshold, which blurs the
 figures). Identical code still differs a little between runs (call ids, timestamps and object addresses
@@ -52,14 +54,20 @@ def _toggle(state: str) -> None:
 
 
 async def _child(
-    phase: str, journal_kind: str, steps: int, directory: Path, collect_garbage: bool, model_name: str
+    phase: str,
+    journal_kind: str,
+    steps: int,
+    directory: Path,
+    collect_garbage: bool,
+    model_name: str,
+    encrypted: bool = False,
 ) -> None:
     """Run one attempt (and the one before it, for a replay) with callgrind collecting only the measured one."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from agent_overhead import LIMITS, _PassThrough, build_agent  # pyright: ignore[reportPrivateUsage]
 
     import pydantic_ai_durable
-    from pydantic_ai_durable import DiskJournal, Durable, Journal, MemoryJournal, execution
+    from pydantic_ai_durable import DiskJournal, Durable, Encryption, Journal, MemoryJournal, execution
 
     print(f'package: {Path(pydantic_ai_durable.__file__).parent}', file=sys.stderr)
     from typing import get_args
@@ -71,8 +79,12 @@ async def _child(
 
     keep = 'keep' if 'keep' in get_args(CleanupMode) else 'never'  # what keeps a finished execution, then and now
 
+    keys = Encryption({'bench': bytes(range(32))}) if encrypted else None
+
     def journal(name: str) -> Journal:
-        return MemoryJournal() if journal_kind == 'memory' else DiskJournal(directory / name)
+        if journal_kind == 'memory':
+            return MemoryJournal(encryption=keys)
+        return DiskJournal(directory / name, encryption=keys)
 
     async def attempt(target: Journal, key: str) -> None:
         if journal_kind == 'bare':  # the agent alone, measured the same way, so the package's share shows
@@ -108,7 +120,14 @@ def _base_tree(revision: str, into: Path) -> Path:
 
 
 def _instructions(
-    tree: Path, phase: str, journal_kind: str, steps: int, directory: Path, gc_mode: str, model_name: str
+    tree: Path,
+    phase: str,
+    journal_kind: str,
+    steps: int,
+    directory: Path,
+    gc_mode: str,
+    model_name: str,
+    encrypted: bool = False,
 ) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / f'callgrind.{tree.name}.{phase}.{journal_kind}.{gc_mode}'
@@ -131,6 +150,7 @@ def _instructions(
         gc_mode,
         '--model-name',
         model_name,
+        *(['--encryption'] if encrypted else []),
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
@@ -155,12 +175,15 @@ def main() -> None:
         action='store_true',
         help='also measure the agent without the package, and print what the package adds per round trip',
     )
+    parser.add_argument('--encryption', action='store_true', help='give the journals keys (both trees)')
     parser.add_argument('--child', nargs=2, metavar=('PHASE', 'JOURNAL'), help=argparse.SUPPRESS)
     parser.add_argument('--dir', type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         args.dir.mkdir(parents=True, exist_ok=True)
-        asyncio.run(_child(args.child[0], args.child[1], args.n, args.dir, args.gc == 'on', args.model_name))
+        asyncio.run(
+            _child(args.child[0], args.child[1], args.n, args.dir, args.gc == 'on', args.model_name, args.encryption)
+        )
         return
     with tempfile.TemporaryDirectory(prefix='argument-matching-') as tmp:
         directory = Path(tmp)
@@ -168,7 +191,7 @@ def main() -> None:
         print(
             f'Instructions per round trip (callgrind; one model request + one tool call), N = {args.n}, '
             f'median of {args.repeats} runs per tree, run alternately; garbage collection {args.gc}; '
-            f'model {args.model_name!r}. '
+            f'model {args.model_name!r}; journals {"with" if args.encryption else "without"} keys. '
             '"spread" is max - min over the runs of one tree: identical code differs by that much from run '
             'to run (call ids, timestamps, object addresses).'
         )
@@ -195,7 +218,14 @@ def main() -> None:
                 for repeat in range(args.repeats):
                     for name, tree in trees.items():
                         count = _instructions(
-                            tree, phase, journal_kind, args.n, directory / str(repeat), args.gc, args.model_name
+                            tree,
+                            phase,
+                            journal_kind,
+                            args.n,
+                            directory / str(repeat),
+                            args.gc,
+                            args.model_name,
+                            args.encryption,
                         )
                         runs[name].append(count / args.n)
                 medians = [statistics.median(runs[name]) for name in names]

@@ -315,7 +315,7 @@ def test_cli1_show_an_entry_the_core_cannot_read(journal_copy: Path) -> None:
         'kind': 'model',
         'fingerprint': None,
         'payload_bytes': 3,
-        'encrypted': None,
+        'sealed': None,
         'recorded': None,
         'recorded_epoch': None,
         'v': 2,

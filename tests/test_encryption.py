@@ -1,4 +1,4 @@
-"""Journals encrypted at rest (EN-1..EN-5), on memory, disk and PostgreSQL.
+"""Journals encrypted at rest (EN-1..EN-6), on memory, disk and PostgreSQL.
 
 A real agent runs with a marker string in its prompt, its model's responses, its tool's arguments and
 result and its execution's metadata, and with a registered secret that the model repeats. With keys, none
@@ -11,6 +11,7 @@ stored step changes.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import random
 import signal
@@ -152,15 +153,21 @@ async def _first_run(store: Store, key: str = 'order-1') -> str:
     return next(iter(await _entries(store, key)))
 
 
+def _text(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(',', ':'), ensure_ascii=True)
+
+
 async def _tamper(store: Store, change: Callable[[dict[int, Any]], tuple[int, dict[str, Any]]]) -> str:
+    """Change a stored value as someone with write access to the store would: past the journal (EN-6 refuses a
+    journal object without keys)."""
     run = await _first_run(store)
     view = _raw_view(store)
     try:
         entries = (await view.read_run('order-1', run)).entries
-        position, value = change(entries)
-        assert await Operator(view).write_entry('order-1', run, position, value)
     finally:
         await _close(view)
+    position, value = change(entries)
+    store.put_raw(('entry', 'order-1', run, position), _text(value))
     return run
 
 
@@ -205,9 +212,9 @@ async def test_en3_a_value_copied_from_another_execution_is_journal_corrupt(stor
     view = _raw_view(store)
     try:
         other = (await view.read_run('order-2', await _first_run(store, 'order-2'))).entries[0]
-        assert await Operator(view).write_entry('order-1', run, 0, other)  # the same step of another execution
     finally:
         await _close(view)
+    store.put_raw(('entry', 'order-1', run, 0), _text(other))  # the same step of another execution
     again = store.make(Encryption({'a': KEY_A}))
     with pytest.raises(JournalCorrupt) as caught:
         await _run(again, shop, key='order-1')
@@ -253,9 +260,14 @@ async def test_en4_a_plain_journal_opened_with_keys_and_an_encrypted_one_without
         await _run(with_keys, shop, key='plain')
     await _run(with_keys, shop, key='sealed')
     await _close(with_keys)
-    without = store.make(None)
-    with pytest.raises(EncryptionMismatch, match=r'encrypted .*no keys') as caught:
+    without = store.make(None)  # refused by the journal's marker before the sealed record is even read (EN-6)
+    with pytest.raises(EncryptionMismatch, match=r'sealed, and was opened without keys') as caught:
         await _run(without, shop, key='sealed')
+    await _close(without)
+    assert caught.value.key_id == 'a'
+    reseal(without, None, 'strict')
+    with pytest.raises(EncryptionMismatch, match=r'encrypted .*no keys') as caught:
+        await without.read_execution('sealed')  # a read meets the sealed value itself
     await _close(without)
     assert caught.value.key_id == 'a'
     assert shop.tool_calls == 2  # one per execution: nothing ran again
@@ -391,12 +403,12 @@ async def test_en5_the_cli_shows_encrypted_values_as_such_and_decrypts_them_with
     env = {key: value for key, value in os.environ.items() if key != 'PYDANTIC_AI_DURABLE_KEYS'}
     shown = subprocess.run(command, env=env, capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
-    assert 'encrypted (a)' in shown.stdout and 'metadata   encrypted' in shown.stdout
+    assert 'sealed (key id a)' in shown.stdout and 'metadata   sealed' in shown.stdout
     assert MARKER not in shown.stdout
     env['PYDANTIC_AI_DURABLE_KEYS'] = _keys_env(('a', KEY_A))
     opened = subprocess.run(command, env=env, capture_output=True, text=True)
     assert opened.returncode == 0, opened.stderr
-    assert 'encrypted (' not in opened.stdout and MARKER in opened.stdout  # the metadata, decrypted
+    assert 'sealed (' not in opened.stdout and MARKER in opened.stdout  # the metadata, decrypted
 
 
 def test_en2_keys_are_checked_when_given() -> None:

@@ -129,15 +129,20 @@ class RefusesNames(Wrapped):
 
 class LosesNames(Wrapped):
     """Storage that acknowledges the entries of some steps and keeps nothing: their positions stay empty,
-    as a crash between a parallel step's body and its record leaves them (M-3)."""
+    as a crash between a parallel step's body and its record leaves them (M-3). The later entries then name
+    no lost position as stored before them (`after`, EN-3), as they would not have after such a crash."""
 
     def __init__(self, inner: Journal, names: set[str]) -> None:
         super().__init__(inner)
         self.names = names
+        self.lost: set[int] = set()
 
     async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
         if entry['name'] in self.names:
+            self.lost.add(position)
             return True
+        if entry.get('after') in self.lost:
+            entry = {name: value for name, value in entry.items() if name != 'after'}
         return await self.inner.write_entry(key, run, position, entry, epoch=epoch)
 
 

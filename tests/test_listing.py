@@ -43,7 +43,7 @@ async def test_b17_a_page_counts_every_state_and_lists_the_last_changed_first(
     listed = await backend_journal.list_executions()
     page = await backend_journal.page_executions(limit=50)
     assert page.counts == {state: sum(info.state == state for info in listed) for state in EXECUTION_STATES}
-    assert page.counts == {'running': 1, 'interrupted': 2, 'failed': 2, 'finished': 3}
+    assert page.counts == {'running': 1, 'interrupted': 2, 'failed': 2, 'finished': 3, 'corrupt': 0}
     assert [info.key for info in page.executions] == [held, *reversed(STATES)]
     by_key = {info.key: info for info in listed}
     for info in page.executions:  # the same facts as the whole listing, state, runs, steps and size included
@@ -60,7 +60,7 @@ async def test_b17_a_page_filters_by_state_prefix_and_key_and_pages_by_offset(
     running = await backend_journal.page_executions(state=['running', 'interrupted'])
     assert [info.key for info in running.executions] == [held, 'refund-3', 'order-3']
     refunds = await backend_journal.page_executions(prefix='refund-')
-    assert refunds.counts == {'running': 0, 'interrupted': 1, 'failed': 1, 'finished': 1}
+    assert refunds.counts == {'running': 0, 'interrupted': 1, 'failed': 1, 'finished': 1, 'corrupt': 0}
     assert [info.key for info in refunds.executions] == ['refund-3', 'refund-2', 'refund-1']
     one = await backend_journal.page_executions(key='order-1')
     assert [info.key for info in one.executions] == ['order-1'] and one.total() == 1
@@ -109,5 +109,5 @@ async def test_b17_a_postgres_schema_of_version_3_gets_the_status_of_every_recor
     upgraded = PostgresJournal(dsn, schema=schema)
     page = await upgraded.page_executions(state='failed')
     assert [info.key for info in page.executions] == ['b']
-    assert page.counts == {'running': 0, 'interrupted': 1, 'failed': 1, 'finished': 1}
+    assert page.counts == {'running': 0, 'interrupted': 1, 'failed': 1, 'finished': 1, 'corrupt': 0}
     await upgraded.close()

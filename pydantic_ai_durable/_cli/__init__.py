@@ -43,9 +43,12 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
                 token=options.token,
                 read_only=options.read_only,
             )
-        target = open_target(options.journal, options.schema, rekeying=command == 'rekey', creating=command == 'import')
+        decrypt = command == 'rekey' and options.decrypt
+        target = open_target(
+            options.journal, options.schema, rekeying=command == 'rekey', decrypt=decrypt, creating=command == 'import'
+        )
         if options.command == 'rekey':
-            return rekey_command(target, options.json)
+            return rekey_command(target, options.json, decrypt=decrypt)
         if options.command == 'list':
             return list_command(target, options.state, options.json)
         if options.command == 'show' and options.messages:

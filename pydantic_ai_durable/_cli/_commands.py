@@ -1,9 +1,10 @@
 """The CLI's commands: `list`, `show`, `delete`, `prune` and `rekey` (CLI-1, CLI-2, EN-2).
 
 Each reads what the journal holds through the journal protocol and the core's own readers of stored
-shapes, so `show` calls unreadable exactly what a retry would ignore, and states come from listing (the
-lease, judged as a takeover is), never from a record alone. `delete` takes the lease first, so the
-attempt that held it can write nothing more (B-13); `prune` never deletes a running execution.
+shapes, so `show` calls unreadable exactly what a retry would ignore (and sealed what it cannot judge
+without keys), and states come from listing (the lease, judged as a takeover is), never from a record
+alone. `delete` takes the lease first, so the attempt that held it can write nothing more (B-13); `prune`
+never deletes a running execution.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._core import RunMeta, latest_spend, parse_entry, rekey
+from .._core import RekeyReport, RunMeta, latest_spend, missing_links, parse_entry, rekey
 from ..journals import (
     EXECUTION_STATES,
     KEYS_VARIABLE,
     SEALED,
+    DiskJournal,
     ExecutionInfo,
     ExecutionState,
     Journal,
+    PostgresJournal,
     RunSnapshot,
     delete_under_lease,
     dumps,
@@ -89,6 +92,7 @@ def _info_json(info: ExecutionInfo) -> dict[str, Any]:
         'metadata': info.metadata,
         'retain_until': utc(info.retain_until),
         'retain_until_epoch': info.retain_until,
+        'problem': info.problem,
     }
 
 
@@ -114,7 +118,12 @@ def list_command(target: Target, states: tuple[ExecutionState, ...] | None, as_j
         for info in infos
     ]
     headers = ['KEY', 'STATE', 'RUNS', 'STEPS', 'SIZE', 'LAST UPDATE', 'METADATA']
-    print_lines([line.rstrip() for line in table(headers, rows, right={2, 3, 4})])
+    lines = [line.rstrip() for line in table(headers, rows, right={2, 3, 4})]
+    problems = [info for info in infos if info.problem is not None]
+    if problems:  # B-6: what is wrong with each execution that could not be read, below the others
+        lines += ['', 'could not be read:']
+        lines += [f'  {cell(info.key, _KEY_WIDTH)}: {cell(info.problem or "", 400)}' for info in problems]
+    print_lines(lines)
     return EXIT_OK
 
 
@@ -128,6 +137,7 @@ class _Step:
         entry = self.entry if isinstance(self.entry, dict) else {}
         payload = dumps(entry['payload']) if 'payload' in entry else None
         sealed = entry.get(SEALED)
+        key_id = (sealed.get('k') if isinstance(sealed.get('k'), str) else '?') if isinstance(sealed, dict) else None
         recorded = epoch(entry.get('t'))
         fingerprint = entry.get('fingerprint')
         return {
@@ -136,11 +146,12 @@ class _Step:
             'kind': entry.get('kind'),
             'fingerprint': fingerprint,
             'payload_bytes': len(payload) if payload is not None else None,
-            'encrypted': sealed.get('k') if isinstance(sealed, dict) else None,
+            'sealed': key_id,
             'recorded': utc(recorded),
             'recorded_epoch': recorded,
             'v': entry.get('v'),
-            'readable': parse_entry(self.entry) is not None,
+            # EN-5: a sealed step is judged by whoever holds the keys; without them it is neither
+            'readable': None if key_id is not None else parse_entry(self.entry) is not None,
         }
 
 
@@ -186,17 +197,26 @@ def _meta_line(snapshot: RunSnapshot) -> str | None:
     return line
 
 
-def _gap_row(start: int, end: int) -> list[str]:
-    """A row for positions `start..end` that a run reached but nothing was recorded at (a retry runs them live)."""
-    return [f'{start}-{end}' if end > start else str(start), '', '(nothing recorded)', '', '', '']
+def _gap_rows(start: int, end: int, missing: dict[int, int]) -> list[list[str]]:
+    """Rows for positions `start..end` that hold nothing: never recorded (a retry runs them live), or deleted."""
+    rows: list[list[str]] = []
+    for position in sorted(p for p in missing if start <= p <= end):
+        if position > start:
+            rows += _gap_rows(start, position - 1, {})
+        rows.append([str(position), '', f'(missing: step {missing[position]} was recorded after it)', '', '', ''])
+        start = position + 1
+    if start <= end:
+        rows.append([f'{start}-{end}' if end > start else str(start), '', '(nothing recorded)', '', '', ''])
+    return rows
 
 
 def _step_rows(snapshot: RunSnapshot) -> list[list[str]]:
     rows: list[list[str]] = []
+    missing = missing_links(snapshot.entries)  # EN-3: a retry stops there with JournalCorrupt
     expected = 0
     for step in _steps(snapshot):
         if step.position > expected:
-            rows.append(_gap_row(expected, step.position - 1))
+            rows += _gap_rows(expected, step.position - 1, missing)
         expected = step.position + 1
         fields = step.fields
         fingerprint = fields['fingerprint']
@@ -205,22 +225,24 @@ def _step_rows(snapshot: RunSnapshot) -> list[list[str]]:
             [
                 str(step.position),
                 cell(fields['kind'], _KIND_WIDTH) if isinstance(fields['kind'], str) else '?',
-                cell(name if fields['readable'] else f'{name} (unreadable: runs live)', _NAME_WIDTH),
-                escape(fingerprint[:_FINGERPRINT_PREFIX]) if isinstance(fingerprint, str) else '-',
+                cell(name if fields['readable'] is not False else f'{name} (unreadable: runs live)', _NAME_WIDTH),
+                escape(fingerprint[:_FINGERPRINT_PREFIX])
+                if isinstance(fingerprint, str)
+                else ('sealed' if fields['sealed'] is not None else '-'),
                 _payload_cell(fields),
                 local(fields['recorded_epoch'], millis=True),
             ]
         )
     high_water = RunMeta.parse(snapshot.records['meta']).high_water if 'meta' in snapshot.records else 0
     if high_water > expected:  # a failed attempt claimed positions it never recorded
-        rows.append(_gap_row(expected, high_water - 1))
+        rows += _gap_rows(expected, high_water - 1, missing)
     return rows
 
 
 def _payload_cell(fields: dict[str, Any]) -> str:
     if fields['payload_bytes'] is not None:
         return size(fields['payload_bytes'])
-    return f'encrypted ({cell(str(fields["encrypted"]), 20)})' if fields['encrypted'] is not None else '-'
+    return f'sealed (key id {cell(str(fields["sealed"]), 20)})' if fields['sealed'] is not None else '-'
 
 
 def show_command(target: Target, key: str, as_json: bool) -> int:
@@ -264,7 +286,7 @@ def show_command(target: Target, key: str, as_json: bool) -> int:
     if metadata_of(record):
         lines.append(f'metadata   {_metadata_text(metadata_of(record), 100)}')
     elif isinstance(record.get(SEALED), dict):
-        lines.append(f'metadata   encrypted (set ${KEYS_VARIABLE} to read it and the payloads)')
+        lines.append(f'metadata   sealed (set ${KEYS_VARIABLE} to read it and the payloads)')
     if found.record is None:
         lines.append('           (no execution record: its runs cannot be listed)')
     for run, snapshot in found.runs:
@@ -380,24 +402,69 @@ def _count_states(infos: list[ExecutionInfo]) -> dict[str, int]:
     return {state: count for state, count in counts.items() if count}
 
 
-def rekey_command(target: Target, as_json: bool) -> int:
-    """Rewrite every execution no attempt holds under the current key (EN-2); exit 1 if any was held."""
+def rekey_command(target: Target, as_json: bool, *, decrypt: bool = False) -> int:
+    """Rewrite every execution no attempt holds under the current key (EN-2), or in plain text with `decrypt`.
+
+    Exit 1 if any was held by an attempt or could not be read: every other one is rewritten all the same.
+    """
 
     def progress(key: str, values: int) -> None:
         if not as_json:
             print_lines([f'rekeyed {cell(key, 100)} ({plural(values, "value")})'])
 
-    report = run_on(target, lambda journal: rekey(journal, progress))
+    report = run_on(target, lambda journal: rekey(journal, progress, decrypt=decrypt))
+    reclaim = _reclaim(target.journal) if report.sealed_plain else None
     if as_json:
-        print_json({'rewritten': report.rewritten, 'busy': report.busy, 'values': report.values})
+        print_json(
+            {
+                'rewritten': report.rewritten,
+                'busy': report.busy,
+                'skipped': report.skipped,
+                'values': report.values,
+                'sealed_plain': report.sealed_plain,
+                'reclaim': reclaim,
+                'marker_cleared': report.marker_cleared,
+            }
+        )
     else:
-        done = f'{plural(len(report.rewritten), "execution")} ({plural(report.values, "value")})'
-        lines = [f'{done} rewritten under the current key']
-        if report.busy:
-            lines.append(
-                f'{plural(len(report.busy), "execution")} left as they were, held by a running attempt: '
-                + ', '.join(cell(key, 60) for key in report.busy)
-                + '; run rekey again once they end, and keep the old key listed until then'
-            )
-        print_lines(lines)
-    return EXIT_OK if not report.busy else EXIT_NOT_FOUND
+        print_lines(_rekey_lines(report, decrypt, reclaim))
+    return EXIT_OK if not report.busy and not report.skipped else EXIT_NOT_FOUND
+
+
+def _rekey_lines(report: RekeyReport, decrypt: bool, reclaim: str | None) -> list[str]:
+    done = f'{plural(len(report.rewritten), "execution")} ({plural(report.values, "value")})'
+    lines = [f'{done} ' + ('stored in plain text' if decrypt else 'rewritten under the current key')]
+    if report.busy:
+        lines.append(
+            f'{plural(len(report.busy), "execution")} left as they were, held by a running attempt: '
+            + ', '.join(cell(key, 60) for key in report.busy)
+            + '; run rekey again once they end, and keep the old key listed until then'
+        )
+    if report.skipped:  # B-6: named, each with its reason; every other execution was rewritten
+        skipped = plural(len(report.skipped), 'execution')
+        lines.append(f'{skipped} skipped, left as they were because they could not be read:')
+        lines += [f'  {cell(key, 60)}: {cell(reason, 400)}' for key, reason in report.skipped.items()]
+    if report.marker_cleared:
+        lines.append(
+            "the journal's marker of encryption is cleared: a journal without keys may record here again; "
+            'give a worker keys, and it marks the journal again'
+        )
+    elif decrypt:
+        lines.append("the journal's marker of encryption stays until every execution is stored in plain text")
+    if reclaim is not None:
+        lines.append(
+            f'{plural(report.sealed_plain, "execution")} held plain text, now sealed; its old copies stay in the '
+            'store until the space is reclaimed:'
+        )
+        lines.append(f'  {reclaim}')
+    return lines
+
+
+def _reclaim(journal: Journal) -> str | None:
+    """The command that removes the old plain copies of values `rekey` sealed (EN-2), for this kind of store."""
+    if isinstance(journal, PostgresJournal):  # old row versions stay in the table files until PostgreSQL reclaims them
+        schema = '"' + journal.schema.replace('"', '""') + '"'
+        return f'VACUUM FULL {schema}.entries, {schema}.run_records, {schema}.executions;'
+    if isinstance(journal, DiskJournal):  # freed pages of SQLite keep their bytes until they are reused
+        return f"with every process of the journal stopped: sqlite3 {journal.path / 'cache.db'} 'VACUUM'"
+    return None

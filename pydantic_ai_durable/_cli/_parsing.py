@@ -36,8 +36,9 @@ exit codes:
 
 encryption:
   $PYDANTIC_AI_DURABLE_KEYS ("id:base64key,id:base64key", the current key first) gives the keys of a
-  journal encrypted at rest; without it, encrypted values are shown as encrypted. rekey needs it: it
-  rewrites every execution no attempt holds under the first key, and encrypts a plain journal.
+  journal encrypted at rest; without it, sealed values are shown as sealed. rekey needs it: it
+  rewrites every execution no attempt holds under the first key, and encrypts a plain journal;
+  rekey --decrypt stores them in plain text again and clears the journal's marker of encryption.
 
 Times in tables are local; --json gives UTC ISO-8601 strings and epoch seconds.
 """
@@ -133,6 +134,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         action='store_true',
         help="decrypt an encrypted journal's payloads into the file (needs $PYDANTIC_AI_DURABLE_KEYS)",
     )
+    sub['rekey'].add_argument(
+        '--decrypt',
+        action='store_true',
+        help="store every value in plain text again (needs the keys), and clear the journal's marker of encryption",
+    )
     sub['import'].add_argument('file', metavar='FILE', help='an export file, or - for stdin')
     sub['import'].add_argument('--as', dest='as_key', metavar='KEY', default=None, help='import under another key')
     sub['import'].add_argument(
@@ -160,7 +166,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         '--force', action='store_true', help='delete even while a live attempt holds the execution'
     )
     states = {
-        'list': 'only executions in these states: running, interrupted, failed, finished',
+        'list': 'only executions in these states: running, interrupted, failed, finished, corrupt',
         'prune': 'with --older-than: which states to delete (default finished; also interrupted, failed)',
     }
     for name, help_text in states.items():

@@ -67,15 +67,21 @@ def _one_line(exc: BaseException) -> str:
     return f'{type(exc).__name__}: {text}' if text else type(exc).__name__
 
 
-def open_target(value: str | None, schema: str | None, *, rekeying: bool = False, creating: bool = False) -> Target:
+def open_target(
+    value: str | None, schema: str | None, *, rekeying: bool = False, decrypt: bool = False, creating: bool = False
+) -> Target:
     """The journal `--journal` names, with the keys of `$PYDANTIC_AI_DURABLE_KEYS` if set (EN-5).
 
-    Without keys, encrypted values are shown as such; `rekey` needs them, and also reads plain values.
-    `creating` (for `import`, which writes an execution anyway) lets a journal that does not exist yet be made.
+    Without keys, sealed values are shown as such; `rekey` needs them, and also reads plain values (with
+    `decrypt` it writes them back plain). `creating` (for `import`, which writes an execution anyway) lets a
+    journal that does not exist yet be made.
     """
     encryption = _keys(required=rekeying)
     target = _open(value, schema, creating=creating)
-    reseal(target.journal, encryption, 'migrate' if rekeying else ('strict' if encryption is not None else 'show'))
+    if rekeying:
+        reseal(target.journal, encryption, 'decrypt' if decrypt else 'migrate')
+    else:
+        reseal(target.journal, encryption, 'strict' if encryption is not None else 'show')
     return target
 
 

@@ -16,7 +16,7 @@ from ._conversation import recorded_conversation
 from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits
 from ._fences import RunMeta
 from ._import import ImportReport
-from ._records import ENTRY_VERSION, Kind, latest_spend, parse_entry, run_order
+from ._records import ENTRY_VERSION, Kind, latest_spend, missing_links, parse_entry, run_order
 from ._rekey import RekeyReport, rekey
 from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata
 from ._retry import retry_delay
@@ -57,6 +57,7 @@ __all__ = (
     'fork_execution',
     'import_execution',
     'latest_spend',
+    'missing_links',
     'parse_entry',
     'recorded_conversation',
     'rekey',

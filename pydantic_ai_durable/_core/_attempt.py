@@ -256,7 +256,7 @@ class Attempt:
         keeper = LeaseKeeper(journal, self.key, self.holder, self.lease_ttl)
         try:
             lease = await keeper.acquire()
-        except JournalUnavailable:
+        except (JournalUnavailable, JournalError):  # EncryptionMismatch: a sealed journal without keys (EN-6)
             raise
         except Exception as exc:
             raise JournalUnavailable(

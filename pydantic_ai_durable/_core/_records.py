@@ -8,10 +8,20 @@ not. The CLI shows a journal through the same readers, so it calls unreadable wh
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-__all__ = ('ENTRY_VERSION', 'KINDS', 'Kind', 'latest_spend', 'one_line', 'parse_entry', 'readable', 'run_order')
+__all__ = (
+    'ENTRY_VERSION',
+    'KINDS',
+    'Kind',
+    'latest_spend',
+    'missing_links',
+    'one_line',
+    'parse_entry',
+    'readable',
+    'run_order',
+)
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -32,6 +42,22 @@ def parse_entry(value: Any) -> dict[str, Any] | None:
     if fingerprint is not None and not isinstance(fingerprint, str):
         return None
     return value
+
+
+def missing_links(entries: Mapping[int, Any]) -> dict[int, int]:
+    """Positions a later entry was written after and that are no longer stored: each, with that entry's (EN-3).
+
+    Every entry names in `after` the highest position of its run that was stored when it was written. A run
+    may leave a position empty (a step not recorded, or still running when its process died), but a position
+    a later entry was written after was stored, so its absence means an entry was deleted.
+    """
+    missing: dict[int, int] = {}
+    for position, value in entries.items():
+        entry = parse_entry(value)
+        after = entry.get('after') if entry is not None else None
+        if type(after) is int and 0 <= after < position and after not in entries:
+            missing[after] = min(position, missing.get(after, position))
+    return missing
 
 
 def readable(value: Any, what: str) -> dict[str, Any] | None:

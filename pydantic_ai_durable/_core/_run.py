@@ -13,12 +13,12 @@ import logging
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from .._errors import ReplayDiverged
+from .._errors import JournalCorrupt, ReplayDiverged
 from ..journals import RunSnapshot
 from ._attempt_view import AttemptView, StoreHold
 from ._fences import RunMeta, honour_unjournalable
 from ._pool import Pool, gather_pool, matchable
-from ._records import Kind, latest_spend, parse_entry, readable
+from ._records import Kind, latest_spend, missing_links, parse_entry, readable
 from ._run_writes import RunWriter
 from ._stats import Divergence, Stats, StepOutcome
 from ._step import Step
@@ -30,6 +30,24 @@ log = logging.getLogger('pydantic_ai_durable')
 DivergenceMode = Literal['run_live', 'raise']
 """What a run does at its first mismatch: run live with argument-matched replay (DV-2), or stop (DV-3)."""
 DIVERGENCE_MODES: tuple[DivergenceMode, ...] = ('run_live', 'raise')
+
+
+def _refuse_missing(execution: str, run: str, snapshot: RunSnapshot) -> None:
+    """Stop before anything replays when a recorded step was deleted from under a later one (EN-3).
+
+    A step deleted by hand or by damage would otherwise run again live, repeating its side effect.
+    """
+    missing = missing_links(snapshot.entries)
+    if missing:
+        position, later = min(missing.items())
+        raise JournalCorrupt(
+            f'Execution {execution!r}, run {run}: step {position} is missing from the journal, though step {later} '
+            'was recorded after it was stored. An entry was deleted (by hand, or by damage to the store); the '
+            'step is neither replayed nor run again. Restore the journal from a backup, or delete the execution '
+            'to start it over.',
+            key=execution,
+            where=f'run {run}, step {position}',
+        )
 
 
 def check_divergence_mode(value: object) -> None:
@@ -59,6 +77,7 @@ class Run:
         self.state = state
         self.journal = state.journal
         self.key = key
+        _refuse_missing(attempt.key, key, snapshot)
         self.records: dict[str, Any] = snapshot.records
         self._entries: dict[int, dict[str, Any]] = {}
         unreadable: list[int] = []
@@ -91,7 +110,7 @@ class Run:
         self.start = start
         """Fingerprint of what the run was started with (prompt, history); recorded with its first step."""
         self._previous_replayed = self._started_alike()  # M-5: the start is the first verified step
-        self.writes = RunWriter(attempt, state, key, self.records, start)
+        self.writes = RunWriter(attempt, state, key, self.records, start, stored=snapshot.entries)
         """Every write of this run: live steps, kept replays, fences, records (`_run_writes`)."""
         self._last_model_position: int | None = None
         self.on_divergence: DivergenceMode = on_divergence

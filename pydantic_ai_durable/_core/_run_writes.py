@@ -9,9 +9,10 @@ recorded results to copy into the `pool` record before the first write that coul
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._errors import JournalError, JournalUnavailable, ResultNotJournalable
@@ -29,7 +30,14 @@ class RunWriter:
     """The writes of one run inside an attempt, each fenced and retried by the attempt (W-, F-, JF-rules)."""
 
     def __init__(
-        self, attempt: AttemptView, state: StoreHold, key: str, records: dict[str, Any], start: str | None
+        self,
+        attempt: AttemptView,
+        state: StoreHold,
+        key: str,
+        records: dict[str, Any],
+        start: str | None,
+        *,
+        stored: Iterable[int] = (),
     ) -> None:
         self.attempt = attempt
         self.state = state
@@ -42,6 +50,8 @@ class RunWriter:
         """Unused recorded results the `pool` record lacks, set when the run diverges (DV-2)."""
         self._tried_max = -1
         self._saved: set[int] = set()
+        self._stored = sorted(stored)
+        """Positions of the run known to be stored: read at its start, or acknowledged since (EN-3)."""
         self._errors = ErrorNotes()
         self._pool_lock: asyncio.Lock | None = None
 
@@ -112,17 +122,24 @@ class RunWriter:
             entry['s'] = step.started
         if step.position == 0 and self.start is not None:
             entry['start'] = self.start
+        below = bisect.bisect_left(self._stored, step.position)
+        if below:
+            entry['after'] = self._stored[below - 1]  # EN-3: deleting that entry now shows
         if step.call is not None:
             entry['call'] = step.call  # DV-2: what a later, diverged attempt matches a call by
             entry['origin'] = step.origin
         return entry
 
     async def _write_entry(self, step: Step, entry: dict[str, Any], what: str | None = None) -> bool:
-        return await self.attempt.store(
+        written = await self.attempt.store(
             self.state,
             what or f'step {step.position} ({step.name}) of run {self.key}',
             lambda epoch: self.journal.write_entry(self.attempt.key, self.key, step.position, entry, epoch=epoch),
         )
+        at = bisect.bisect_left(self._stored, step.position)
+        if written and (at == len(self._stored) or self._stored[at] != step.position):
+            self._stored.insert(at, step.position)
+        return written
 
     async def keep(self, step: Step) -> None:
         """Write a step replayed by arguments at its own position, with the recorded result (DV-2).

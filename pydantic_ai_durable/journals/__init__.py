@@ -19,6 +19,8 @@ from ._sealing import KEYS_VARIABLE as KEYS_VARIABLE  # for the CLI
 from ._sealing import SEALED as SEALED
 from ._sealing import Encryption
 from ._sealing import Sealer as Sealer
+from ._sealing import clear_marker as clear_marker
+from ._sealing import plain_values_opened as plain_values_opened
 from ._sealing import reseal as reseal
 from .disk import DiskJournal
 from .disk import default_directory as default_directory

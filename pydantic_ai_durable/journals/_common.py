@@ -6,14 +6,19 @@ import hashlib
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from .._errors import EncryptionMismatch, JournalCorrupt
 from .._runtime import end_holding, new_holder, start_holding
+from . import _json
 from ._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionPage, ExecutionState, Journal, Lease
+from ._sealing import Sealer
 
 __all__ = (
     'MAX_PAGE',
     'check_page',
     'delete_under_lease',
+    'described',
     'execution_id',
+    'listed',
     'metadata_of',
     'page_of',
     'retention_of',
@@ -50,6 +55,41 @@ def state_of(record: dict[str, Any] | None, *, leased: bool) -> ExecutionState:
     if status == 'finished':
         return 'finished'
     return 'failed' if status == 'failed' else 'interrupted'
+
+
+def listed(
+    sealer: Sealer, key: str, text: object, *, leased: bool, wanted: frozenset[ExecutionState]
+) -> tuple[ExecutionState, dict[str, Any] | None, str | None] | None:
+    """One execution as a listing shows it (see `described`); `None` when its state is not wanted."""
+    record = _json.loads_record(text)
+    if state_of(record, leased=leased) not in wanted and 'corrupt' not in wanted:
+        return None  # sealed metadata is opened only for what is listed: a fleet's sweep decrypts no finished ones
+    found = described(sealer, key, record, leased=leased)
+    return found if found[0] in wanted else None
+
+
+def described(
+    sealer: Sealer, key: str, record: dict[str, Any] | None, *, leased: bool
+) -> tuple[ExecutionState, dict[str, Any] | None, str | None]:
+    """One execution's state, metadata and problem, from its stored record (`None`: none).
+
+    It is `corrupt` exactly when an attempt would refuse it: its sealed part fails authentication, or, in a
+    journal given keys, it does not decode (EN-3); the reason goes with it, and the listing of every other
+    execution goes on (B-6). Without keys a record that does not decode reads as absent, as an attempt reads
+    it (B-3), and one the keys cannot open keeps its state; both say why in `problem`.
+    """
+    state = state_of(record, leased=leased)
+    metadata: dict[str, Any] | None = None
+    problem: str | None = None
+    try:
+        metadata = metadata_of(sealer.open_execution(key, record))
+        if _json.undecoded(record):
+            problem = 'its execution record does not decode (it is not a JSON object); an attempt reads it as absent'
+    except JournalCorrupt as exc:
+        state, problem = 'corrupt', ' '.join(str(exc).split())
+    except EncryptionMismatch as exc:
+        problem = ' '.join(str(exc).split())
+    return state, metadata, problem
 
 
 def metadata_of(record: dict[str, Any] | None) -> dict[str, Any] | None:

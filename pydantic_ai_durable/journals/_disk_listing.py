@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _json
-from ._common import check_page, execution_id, metadata_of, state_of, wanted_states
+from ._common import check_page, described, execution_id, wanted_states
 from ._disk_leases import held_alive
 from ._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionPage, ExecutionState
 from ._sealing import Sealer
@@ -97,19 +97,20 @@ class Listing:
         if head is None or not isinstance(head.get('key'), str) or not isinstance(head.get('runs'), dict):
             return None
         stored = self.cache.get(f'{eid}/x')
-        record = _json.loads_dict(stored)
         steps, size = self.steps(eid)
         retain_until = head.get('retain_until')
         updated = head.get('updated')
+        state, metadata, problem = described(self._sealer, head['key'], _json.loads_record(stored), leased=leased)
         return ExecutionInfo(
             key=head['key'],
             runs=sum(isinstance(run, dict) for run in head['runs'].values()),
             steps=steps,
             bytes=size + (len(stored) if isinstance(stored, str) else 0),
-            state=state_of(record, leased=leased),
+            state=state,
             updated=float(updated) if isinstance(updated, (int, float)) else 0.0,
-            metadata=metadata_of(self._sealer.open_execution(head['key'], record)),
+            metadata=metadata,
             retain_until=float(retain_until) if isinstance(retain_until, (int, float)) else None,
+            problem=problem,
         )
 
     def leased(self) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ('dumps', 'encodable', 'loads')
+__all__ = ('dumps', 'encodable', 'loads', 'loads_dict', 'loads_record', 'undecoded')
 
 
 def dumps(value: object) -> str | None:
@@ -85,3 +85,8 @@ def loads_record(text: object) -> dict[str, Any] | None:
         return None
     value = loads(text)
     return value if isinstance(value, dict) else {'v': None}
+
+
+def undecoded(value: object) -> bool:
+    """Whether `value` is what `loads_record` hands back for stored text that is not a JSON object."""
+    return isinstance(value, dict) and len(value) == 1 and 'v' in value and value['v'] is None

@@ -1,4 +1,4 @@
-"""A PostgreSQL journal listed a page at a time (B-17): counted by state and sorted by last change through indexes.
+"""A PostgreSQL journal listed: whole (`listing`), or a page at a time through indexes (B-17).
 
 The statements are `_pg_sql`'s (`page_counts`, `page_rows`, `page_sizes`); this module runs them and turns
 their rows into an `ExecutionPage`. The state of an execution is judged as `list_executions` judges it: a
@@ -10,11 +10,11 @@ upgraded from an older version gets that column filled from the records once (`f
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, LiteralString
 
 from .._runtime import ours_and_ended
 from . import _json
-from ._common import check_page, execution_id, metadata_of, state_of, wanted_states
+from ._common import check_page, described, execution_id, listed, wanted_states
 from ._pg_sql import Sql
 from ._pg_values import key_bytes, key_text
 from ._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionPage, ExecutionState
@@ -88,7 +88,8 @@ async def read_page(
         name = key_text(raw_key)
         if name is None:
             continue
-        record = _json.loads_dict(text)
+        leased_alive = bool(leased) and not ours_and_ended(holder or '')
+        state, metadata, problem = described(sealer, name, _json.loads_record(text), leased=leased_alive)
         runs, steps, size = sizes.get(eid, [0, 0, 0])
         infos.append(
             ExecutionInfo(
@@ -96,10 +97,42 @@ async def read_page(
                 runs=runs,
                 steps=steps,
                 bytes=size + (len(text) if isinstance(text, str) else 0),
-                state=state_of(record, leased=bool(leased) and not ours_and_ended(holder or '')),
+                state=state,
                 updated=float(updated) if updated is not None else 0.0,
-                metadata=metadata_of(sealer.open_execution(name, record)),
+                metadata=metadata,
                 retain_until=float(retain_until) if retain_until is not None else None,
+                problem=problem,
             )
         )
     return ExecutionPage(infos, counts)
+
+
+async def fetch_all(conn: AsyncConnection[Any], statement: LiteralString) -> list[tuple[Any, ...]]:
+    """Every row `statement` selects (the whole listing reads all executions in one statement)."""
+    return await (await conn.execute(statement)).fetchall()
+
+
+def listing(rows: list[tuple[Any, ...]], sealer: Sealer, wanted: frozenset[ExecutionState]) -> list[ExecutionInfo]:
+    """`list_executions` from the rows of `Sql.list`, by key; a record that does not open is `corrupt` (B-6)."""
+    infos: list[ExecutionInfo] = []
+    for raw_key, text, leased, holder, retain_until, updated, runs, steps, size in rows:
+        key = key_text(raw_key)
+        live = bool(leased) and not ours_and_ended(holder or '')
+        shown = listed(sealer, key, text, leased=live, wanted=wanted) if key is not None else None
+        if key is None or shown is None:
+            continue
+        found, metadata, problem = shown
+        infos.append(
+            ExecutionInfo(
+                key=key,
+                runs=int(runs),
+                steps=int(steps),
+                bytes=int(size),
+                state=found,
+                updated=float(updated) if updated is not None else 0.0,
+                metadata=metadata,
+                retain_until=float(retain_until) if retain_until is not None else None,
+                problem=problem,
+            )
+        )
+    return sorted(infos, key=lambda info: info.key)

@@ -16,7 +16,8 @@ SCHEMA_VERSION = 4
 
 Version 2 added fencing epochs and the lease holder's database session; version 3 added when a finished
 execution's retention ends, with an index (FN-2); version 4 the record's status in a column of its
-own, with an index, so a page of the listing is counted and sorted without reading every record (B-17).
+own, with an index, so a page of the listing is counted and sorted without reading every record (B-17), and
+the marker of a journal given keys (EN-6).
 Older schemas are upgraded in place, and releases that only know an older version then refuse the
 database, so no writer remains that ignores what was added.
 """
@@ -77,6 +78,7 @@ class Sql:
                 WHERE retain_until IS NOT NULL;
             ALTER TABLE {s}.executions ADD COLUMN IF NOT EXISTS status text;
             CREATE INDEX IF NOT EXISTS executions_status_updated ON {s}.executions (status, updated);
+            ALTER TABLE {s}.schema_version ADD COLUMN IF NOT EXISTS sealed text;
         """
         self.read_version: LiteralString = f'SELECT version FROM {s}.schema_version'
         self.set_version: LiteralString = (
@@ -201,16 +203,21 @@ class Sql:
         # of the acquiring process (`take_over`). Its database session proves nothing: a session ends
         # when the server restarts or a pooled connection is closed, while the holder runs on (CC-4).
         # The session columns of schema version 2 are left empty, so no older release reads them either.
+        # EN-6: a journal without keys (`keyed` false) takes no lease in a schema marked as given keys, and
+        # every lease taken reads the marker in the same statement, so its holder can mark the schema.
         self.acquire: LiteralString = (
             f'INSERT INTO {s}.executions AS x (eid, key, lease_holder, lease_expires, lease_epoch) '
-            f"VALUES (%(eid)s, %(key)s, %(holder)s, {now} + %(ttl)s, nextval('{s}.lease_epochs')) "
+            f"SELECT %(eid)s, %(key)s, %(holder)s, {now} + %(ttl)s, nextval('{s}.lease_epochs') "
+            f'WHERE %(keyed)s OR NOT EXISTS (SELECT 1 FROM {s}.schema_version WHERE sealed IS NOT NULL) '
             'ON CONFLICT (eid) DO UPDATE SET lease_holder = EXCLUDED.lease_holder, '
             'lease_expires = EXCLUDED.lease_expires, lease_epoch = EXCLUDED.lease_epoch, '
             'lease_session = NULL, lease_session_start = NULL '
             'WHERE %(force)s OR x.lease_holder IS NULL OR x.lease_expires IS NULL '
             f'OR x.lease_expires <= {now} OR x.lease_holder = %(holder)s OR x.lease_holder = %(take_over)s '
-            'RETURNING lease_expires, lease_epoch'
+            f'RETURNING lease_expires, lease_epoch, (SELECT sealed FROM {s}.schema_version)'
         )
+        self.read_marker: LiteralString = f'SELECT sealed FROM {s}.schema_version'
+        self.write_marker: LiteralString = f'UPDATE {s}.schema_version SET sealed = %(marker)s'
         self.read_lease: LiteralString = (
             f'SELECT lease_holder, lease_expires, lease_epoch FROM {s}.executions WHERE eid = %(eid)s'
         )

@@ -22,11 +22,12 @@ __all__ = (
     'RunSnapshot',
 )
 
-ExecutionState = Literal['running', 'interrupted', 'failed', 'finished']
+ExecutionState = Literal['running', 'interrupted', 'failed', 'finished', 'corrupt']
 """`running`: a live lease; `interrupted`: started, not finished, no live lease (its process died or lost
-the journal); `failed`: the last attempt ended with an exception; `finished`: the last attempt succeeded."""
+the journal); `failed`: the last attempt ended with an exception; `finished`: the last attempt succeeded;
+`corrupt`: its execution record does not decode or fails authentication, so nothing of it runs (B-6)."""
 
-EXECUTION_STATES: tuple[ExecutionState, ...] = ('running', 'interrupted', 'failed', 'finished')
+EXECUTION_STATES: tuple[ExecutionState, ...] = ('running', 'interrupted', 'failed', 'finished', 'corrupt')
 FINISHED: tuple[ExecutionState, ...] = ('finished',)
 """What `prune` deletes unless told otherwise."""
 
@@ -81,6 +82,8 @@ class ExecutionInfo:
     """The JSON object `execution(key, metadata=...)` stored with the execution, if any."""
     retain_until: float | None = None
     """For a finished execution: epoch seconds after which retention deletes it (`None`: kept until pruned)."""
+    problem: str | None = None
+    """Why its record could not be read: set for a `corrupt` execution, and for one sealed under keys not given."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,8 @@ class Journal(Protocol):
     ) -> list[ExecutionInfo]:
         """Every execution with something stored, in one state or several if asked, sorted by key (FN-3).
 
-        A worker fleet lists `interrupted` executions to dispatch them again; an operator lists them all.
+        A worker fleet lists `interrupted` executions to dispatch them again; an operator lists them all. One
+        execution whose record cannot be read is listed as `corrupt` with its `problem`, never raised (B-6).
         """
         ...
 
@@ -178,7 +182,8 @@ class Journal(Protocol):
 
         It is `holder`'s, under a new epoch, when the lease was free, expired, already `holder`'s, held by
         a holder proved dead (B-5), or `force` is set; otherwise it is the live lease of someone else.
-        The check and the write are one atomic step across processes.
+        The check and the write are one atomic step across processes. Every writer takes a lease first, so
+        a backend that encrypts checks the store's marker of encryption here, in the same step (EN-6).
         """
         ...
 

@@ -1,10 +1,12 @@
-"""Payloads encrypted at rest (EN-1..EN-5): AES-GCM under the user's keys, each value bound to its place.
+"""Payloads encrypted at rest (EN-1..EN-6): AES-GCM under the user's keys, each value bound to its place.
 
 A backend stores what the core hands it; with `encryption=` it first moves every field that may hold the
-user's data (payloads, tool calls, run records, metadata) into one sealed field, and leaves in clear only
-what the engine must read without keys: versions, names, kinds, fingerprints, times and states. The
-sealed text is authenticated together with the execution key, the value's place and its clear fields,
+user's data (payloads, tool calls, fingerprints, run records, metadata) into one sealed field, and leaves in
+clear only what the engine and the CLI must read without keys: versions, names, kinds, times and states.
+The sealed text is authenticated together with the execution key, the value's place and its clear fields,
 so an altered byte, an edited name or a value copied to another place fails to open instead of replaying.
+A store once written with keys keeps a marker of it, which a journal object without keys is refused by
+before it takes a lease (EN-6), so no plain value lands beside sealed ones.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import binascii
 import json
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from .._errors import EncryptionMismatch, JournalCorrupt
+from ._json import undecoded
 
-__all__ = ('KEYS_VARIABLE', 'SEALED', 'Encryption', 'Sealer', 'reseal')
+__all__ = ('KEYS_VARIABLE', 'SEALED', 'Encryption', 'Sealer', 'clear_marker', 'plain_values_opened', 'reseal')
 
 KEYS_VARIABLE = 'PYDANTIC_AI_DURABLE_KEYS'
 """Where `Encryption.from_env()` and the CLI read keys: `id:base64key[,id:base64key...]`, current first."""
@@ -27,15 +31,17 @@ KEYS_VARIABLE = 'PYDANTIC_AI_DURABLE_KEYS'
 SEALED = 'sealed'
 """The field of a stored value that holds its encrypted part: `{"k": key id, "c": base64(nonce + ciphertext)}`."""
 
-_ENTRY_CLEAR = frozenset({'v', 'name', 'kind', 'fingerprint', 't', 'a', 's', 'start', 'matched', 'origin'})
-"""What an entry keeps in clear: how the engine and the CLI find and match a step, never what it returned."""
+_ENTRY_CLEAR = frozenset({'v', 'name', 'kind', 't', 'a', 's', 'matched', 'origin'})
+"""What an entry keeps in clear: how the CLI names and dates a step, never what it was asked or returned.
+Fingerprints are sealed too: a digest of a short secret (a PIN in a prompt, a tool argument) is a dictionary
+lookup away, and the engine only compares them once the entry is open (EN-1)."""
 _EXECUTION_SEALED = frozenset({'metadata'})
 """What an execution record seals: the rest is bookkeeping every backend reads (status, retention, runs)."""
 _KEY_ID = re.compile(r'[A-Za-z0-9_.-]{1,64}')
 _NONCE = 12
 
 Place = tuple[str, ...]
-Mode = Literal['strict', 'show', 'migrate']
+Mode = Literal['strict', 'show', 'migrate', 'decrypt']
 
 
 class Encryption:
@@ -57,18 +63,28 @@ class Encryption:
                 "Encryption at rest needs the 'cryptography' package, the extra 'encryption' of "
                 f"pydantic-ai-durable-journal: pip install 'pydantic-ai-durable-journal[encryption]' ({exc})."
             ) from exc
+        # No message below shows an id or a key: a key pasted where its id goes would be printed (EN-2).
         self._ciphers: dict[str, Any] = {}
-        for key_id, key in pairs:
+        numbers: dict[str, int] = {}
+        for number, pair in enumerate(pairs, 1):
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise ValueError(f'Key number {number} is not a pair of an id and a key.')
+            key_id, key = pair
             if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
-                raise ValueError(f'A key id is 1 to 64 letters, digits or "_.-", not {key_id!r}.')
-            if not isinstance(key, bytes) or len(key) not in (16, 24, 32):
-                size = f'{len(key)} bytes' if isinstance(key, bytes) else type(key).__name__
                 raise ValueError(
-                    f'Key {key_id!r} must be 16, 24 or 32 bytes (os.urandom(32)), not {size}; '
+                    f'Key number {number}: its key id ({_shape(key_id)}) is not 1 to 64 letters, digits or "_.-". '
+                    'Keys are given by id, the id first: {"2026-12": os.urandom(32)}.'
+                )
+            if not isinstance(key, bytes) or len(key) not in (16, 24, 32):
+                raise ValueError(
+                    f'Key number {number} must be 16, 24 or 32 bytes (os.urandom(32)), not {_shape(key)}; '
                     'a passphrase is not a key.'
                 )
-            if key_id in self._ciphers:
-                raise ValueError(f'Key id {key_id!r} is given twice; every key needs an id of its own.')
+            if key_id in numbers:
+                raise ValueError(
+                    f'Keys number {numbers[key_id]} and {number} have the same id; every key needs an id of its own.'
+                )
+            numbers[key_id] = number
             self._ciphers[key_id] = AESGCM(key)
         self.current = pairs[0][0]
         """The id of the key new values are sealed with."""
@@ -82,15 +98,24 @@ class Encryption:
                 f'${variable} is not set: give it the keys as "id:base64key" (python -c "import base64, os; '
                 'print(base64.b64encode(os.urandom(32)).decode())"), the current one first, separated by commas.'
             )
+        items = text.split(',')
         pairs: list[tuple[str, bytes]] = []
-        for item in text.split(','):
-            key_id, _, encoded = item.strip().partition(':')
+        for number, item in enumerate(items, 1):  # items by number only: never a piece of one (EN-2)
+            key_id, colon, encoded = item.strip().partition(':')
+            if not colon:
+                raise ValueError(
+                    f'${variable}: item {number} of {len(items)} has no id: write each key as "id:base64key", '
+                    'separated by commas.'
+                )
             try:
                 key = base64.b64decode(encoded.strip(), validate=True)
             except (binascii.Error, ValueError):
-                raise ValueError(f'${variable}: the key of {key_id!r} is not base64 text.') from None
+                raise ValueError(f'${variable}: the key of item {number} of {len(items)} is not base64 text.') from None
             pairs.append((key_id.strip(), key))
-        return cls(pairs)
+        try:
+            return cls(pairs)
+        except ValueError as exc:
+            raise ValueError(f'${variable}: {exc}') from None
 
     @property
     def key_ids(self) -> tuple[str, ...]:
@@ -114,7 +139,7 @@ class Sealer:
 
     `mode`: `strict` (the engine: a value that does not fit the keys raises), `show` (the CLI without keys:
     sealed values come back sealed, for display), `migrate` (`rekey`: plain values are accepted, to be
-    sealed when written back).
+    sealed when written back), `decrypt` (`rekey --decrypt`: values are opened and written back plain).
     """
 
     def __init__(self, encryption: Encryption | None, mode: Mode = 'strict') -> None:
@@ -122,6 +147,8 @@ class Sealer:
             raise TypeError(f'encryption must be an Encryption (or None), not {type(encryption).__name__}.')
         self.encryption = encryption
         self.mode: Mode = mode
+        self.plain_opened = 0
+        """Plain values read in `migrate` mode: what `rekey` seals, whose old text the store may keep (EN-2)."""
 
     # -- the three kinds of stored value -----------------------------------------------------------------
 
@@ -141,13 +168,46 @@ class Sealer:
         return self._seal(value, ('execution', key), lambda field: field in _EXECUTION_SEALED)
 
     def open_execution(self, key: str, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None  # nothing stored
         opened = self._open(value, ('execution', key), 'the execution record')
         return opened if isinstance(opened, dict) else None
+
+    # -- the journal's marker (EN-6) -------------------------------------------------------------------
+
+    def admit(self, key: str, marker: object, where: str) -> str | None:
+        """Judge the store's marker as a lease on `key` is taken; return the marker text to store, if it changes.
+
+        `marker` is what the store holds (`None`: no marker), `where` names it for the message. A journal
+        without keys is refused on a marked store, before it writes anything; one with keys marks the store
+        with its current key id, so a later journal without keys is refused there. `rekey --decrypt`
+        (`decrypt` mode) leaves the marker for its end, which clears it once everything is plain.
+        """
+        ids = _marker_ids(marker)
+        if self.encryption is None:
+            if ids is None:
+                return None
+            named = ', '.join(repr(key_id) for key_id in ids) or 'unknown'
+            raise EncryptionMismatch(
+                f'Execution {key!r}: this journal is sealed, and was opened without keys. {where} says it was '
+                f'given encryption keys (key ids {named}); recording here without them would store plain text '
+                f'beside sealed values. Give the journal the keys with those ids: encryption=Encryption({{...}}), '
+                f'or Encryption.from_env() with ${KEYS_VARIABLE} set (the CLI reads ${KEYS_VARIABLE} too). To '
+                'store plain text here again on purpose, run `pydantic-ai-durable --journal ... rekey --decrypt` '
+                'with the keys, which clears the marker. Nothing was written and no model was called.',
+                key=key,
+                where=where,
+                key_id=ids[0] if ids else None,
+            )
+        if self.mode == 'decrypt' or (ids is not None and self.encryption.current in ids):
+            return None
+        known = [key_id for key_id in ids or () if key_id != self.encryption.current]
+        return json.dumps({'v': 1, 'key_ids': [self.encryption.current, *known], 'marked': time.time()})
 
     # -- mechanics ------------------------------------------------------------------------------------
 
     def _seal(self, value: dict[str, Any], place: Place, sealed: Any) -> dict[str, Any]:
-        if self.encryption is None or not isinstance(value, dict):
+        if self.encryption is None or self.mode == 'decrypt' or not isinstance(value, dict):
             return value
         clear: dict[str, Any] = {}
         secret: dict[str, Any] = {}
@@ -160,9 +220,18 @@ class Sealer:
             return value  # not JSON: the backend's own encoding refuses it, sealed or not (J-2)
 
     def _open(self, value: Any, place: Place, where: str) -> Any:
-        if not isinstance(value, dict):
-            return value  # undecodable text stays a miss the core reports (J-3)
         key = place[1]
+        if not isinstance(value, dict) or undecoded(value):
+            if self.encryption is not None and self.mode != 'show':
+                raise JournalCorrupt(
+                    f'Execution {key!r}, {where}: the stored value does not decode (it is not the JSON object that '
+                    'was written). In a journal with keys that can only be damage or tampering, so it is neither '
+                    'replayed nor run again; restore the journal from a backup, or delete the execution to start '
+                    'it over.',
+                    key=key,
+                    where=where,
+                )
+            return value  # without keys, a miss the core reports once (J-3)
         sealed = value.get(SEALED)
         if sealed is None:
             if self.encryption is not None and self.mode == 'strict':
@@ -174,6 +243,8 @@ class Sealer:
                     key=key,
                     where=where,
                 )
+            if self.encryption is not None and self.mode == 'migrate':
+                self.plain_opened += 1
             return value
         if self.encryption is None:
             if self.mode == 'show':
@@ -230,13 +301,50 @@ def _bound(place: Place, clear: dict[str, Any]) -> bytes:
     return json.dumps([*place, clear], sort_keys=True, separators=(',', ':'), ensure_ascii=True).encode()
 
 
+def _shape(value: object) -> str:
+    """What a value given as a key or an id is, without a character of it: for messages (EN-2)."""
+    size = f' of {len(value)}' if isinstance(value, (str, bytes)) else ''
+    return f'{type(value).__name__}{size}'
+
+
+def _marker_ids(marker: object) -> list[str] | None:
+    """The key ids a stored marker names; `None` without a marker, `[]` for one that does not read (still a marker)."""
+    if marker is None:
+        return None
+    try:
+        ids = json.loads(marker).get('key_ids') if isinstance(marker, (str, bytes)) else None
+    except (ValueError, AttributeError, RecursionError):
+        ids = None
+    if not isinstance(ids, list):
+        return []
+    return [key_id for key_id in ids if isinstance(key_id, str) and _KEY_ID.fullmatch(key_id)]
+
+
 def _key_id(sealed: Any) -> str | None:
     key_id = sealed.get('k') if isinstance(sealed, dict) else None
     return key_id if isinstance(key_id, str) else None
 
 
+def _sealer_of(journal: object) -> Sealer:
+    sealer = getattr(journal, '_sealer', None)
+    if not isinstance(sealer, Sealer):
+        raise TypeError(f'{type(journal).__name__} is not a backend of this package: it has no encryption layer.')
+    return sealer
+
+
 def reseal(journal: object, encryption: Encryption | None, mode: Mode) -> None:
     """Give one of this package's backends new keys and a mode (the CLI's `show` without keys, `rekey`'s `migrate`)."""
-    if not isinstance(getattr(journal, '_sealer', None), Sealer):
-        raise TypeError(f'{type(journal).__name__} is not a backend of this package: it has no encryption layer.')
+    _sealer_of(journal)
     journal._sealer = Sealer(encryption, mode)  # type: ignore[attr-defined]
+
+
+def plain_values_opened(journal: object) -> int:
+    """How many plain values a journal in `migrate` mode has read: what `rekey` sealed (EN-2)."""
+    return _sealer_of(journal).plain_opened if getattr(journal, '_sealer', None) is not None else 0
+
+
+async def clear_marker(journal: object) -> None:
+    """Remove the store's marker of encryption (EN-6): only `rekey --decrypt`, once every value is plain, does."""
+    if _sealer_of(journal).mode != 'decrypt':
+        raise ValueError('Only a journal rewritten to plain text (rekey --decrypt) may lose its marker of encryption.')
+    await journal._clear_marker()  # type: ignore[attr-defined]

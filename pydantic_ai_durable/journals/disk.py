@@ -19,7 +19,7 @@ from typing import Any
 from .._errors import JournalUnavailable
 from .._runtime import DEFAULT_RETENTION, Retention, boot_id, local_clock, retention_seconds
 from . import _json
-from ._common import execution_id, metadata_of, retention_of, state_of, wanted_states
+from ._common import execution_id, listed, retention_of, state_of, wanted_states
 from ._disk_commits import SharedCommits
 from ._disk_directory import Durability, check_directory, open_cache, place_of, safe_place
 from ._disk_heads import EXPIRY, RESERVE, Heads, delete_run_items, entry_key, expiry_key, record_key
@@ -44,6 +44,9 @@ log = logging.getLogger('pydantic_ai_durable')
 
 _STAMP_EVERY = 2.0
 """Seconds between refreshes of an execution's last-update time while its steps are written."""
+_SEALED = 'sealed'
+"""The row that says the journal was given keys (EN-6), checked in every lease's transaction."""
+_SEALED_WHERE = f"The row {_SEALED!r} of the journal's database (cache.db)"
 
 
 def _size(value: object) -> int:
@@ -327,13 +330,14 @@ class DiskJournal:
         cache = self._open_cache()
         infos: list[ExecutionInfo] = []
         for eid, head in self._heads.every(cache).items():
-            record = _json.loads_dict(cache.get(f'{eid}/x'))
-            found = state_of(record, leased=held_alive(self.path, cache, eid))
-            if found not in wanted:
+            text = cache.get(f'{eid}/x')
+            shown = listed(self._sealer, head['key'], text, leased=held_alive(self.path, cache, eid), wanted=wanted)
+            if shown is None:
                 continue
+            found, metadata, problem = shown
             runs = {run: state for run, state in head['runs'].items() if isinstance(state, dict)}
             steps = 0
-            size = _size(cache.get(f'{eid}/x'))
+            size = _size(text)
             for run, run_state in runs.items():
                 top = run_state.get('top', 0)
                 for position in range(top if isinstance(top, int) else 0):
@@ -350,8 +354,9 @@ class DiskJournal:
                     bytes=size,
                     state=found,
                     updated=float(head.get('updated', 0.0)),
-                    metadata=metadata_of(self._sealer.open_execution(head['key'], record)),
+                    metadata=metadata,
                     retain_until=float(retain_until) if isinstance(retain_until, (int, float)) else None,
+                    problem=problem,
                 )
             )
         return sorted(infos, key=lambda info: info.key)
@@ -414,6 +419,9 @@ class DiskJournal:
         hold_lock(self.path, self.mode)
         try:
             with cache.transact():
+                marker = self._sealer.admit(key, cache.read_text(_SEALED), _SEALED_WHERE)  # EN-6: before any write
+                if marker is not None:
+                    cache.put_text(_SEALED, marker)
                 held = read_lease(cache, eid)
                 if not (
                     force
@@ -448,6 +456,12 @@ class DiskJournal:
                 else:
                     answers.append(store_lease(cache, eid, asked.holder, asked.epoch, asked.ttl))
         return answers
+
+    async def _clear_marker(self) -> None:
+        """Forget that keys were given: `rekey --decrypt` only, once every value is plain (EN-6)."""
+        cache = self._writable_cache()
+        with cache.transact():
+            cache.delete(_SEALED)
 
     async def release_lease(self, key: str, holder: str, epoch: int) -> None:
         eid = execution_id(key)

@@ -12,7 +12,7 @@ from typing import Any
 from .._errors import LeaseLost
 from .._runtime import DEFAULT_RETENTION, Retention, local_clock, ours_and_ended, retention_seconds
 from . import _json
-from ._common import metadata_of, page_of, retention_of, state_of, wanted_states
+from ._common import listed, page_of, retention_of, state_of, wanted_states
 from ._protocol import FINISHED, ExecutionInfo, ExecutionPage, ExecutionState, Lease, LeaseRenewal, RunSnapshot
 from ._sealing import Encryption, Sealer
 
@@ -68,6 +68,8 @@ class MemoryJournal:
         self._lock = threading.Lock()
         self._epochs = itertools.count(1)
         self._sealer = Sealer(encryption)
+        self._marker: str | None = None
+        """Set once the journal was given keys: a journal object without them is refused a lease (EN-6)."""
 
     @property
     def encryption(self) -> Encryption | None:
@@ -153,10 +155,10 @@ class MemoryJournal:
                 ]
                 if stored.record is None and not texts:
                     continue
-                record = _json.loads_dict(stored.record)
-                found = state_of(record, leased=stored.leased(now))
-                if found not in wanted:
+                shown = listed(self._sealer, key, stored.record, leased=stored.leased(now), wanted=wanted)
+                if shown is None:
                     continue
+                found, metadata, problem = shown
                 infos.append(
                     ExecutionInfo(
                         key=key,
@@ -165,8 +167,9 @@ class MemoryJournal:
                         bytes=sum(len(text) for text in texts) + len(stored.record or ''),
                         state=found,
                         updated=stored.updated,
-                        metadata=metadata_of(self._sealer.open_execution(key, record)),
+                        metadata=metadata,
                         retain_until=stored.retain_until,
+                        problem=problem,
                     )
                 )
         return sorted(infos, key=lambda info: info.key)
@@ -185,6 +188,9 @@ class MemoryJournal:
 
     async def acquire_lease(self, key: str, holder: str, ttl: float, *, force: bool = False) -> Lease:
         with self._lock:
+            marker = self._sealer.admit(key, self._marker, "this MemoryJournal's marker of encryption")  # EN-6
+            if marker is not None:
+                self._marker = marker
             now = local_clock()
             stored = self._executions.setdefault(key, _Execution())
             held = stored.lease
@@ -243,6 +249,11 @@ class MemoryJournal:
             for key in doomed:
                 del self._executions[key]
         return sorted(doomed)
+
+    async def _clear_marker(self) -> None:
+        """Forget that keys were given: `rekey --decrypt` only, once every value is plain (EN-6)."""
+        with self._lock:
+            self._marker = None
 
     async def close(self) -> None:
         return None

@@ -16,13 +16,13 @@ import hashlib
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, LiteralString
 
-from .._errors import JournalUnavailable, LeaseLost
+from .._errors import EncryptionMismatch, JournalUnavailable, LeaseLost
 from .._runtime import DEFAULT_RETENTION, Retention, ours_and_ended, retention_seconds
 from . import _json
-from ._common import execution_id, metadata_of, retention_of, state_of, wanted_states
+from ._common import execution_id, retention_of, state_of, wanted_states
 from ._dsn import mask_dsn, scrub
 from ._pg_connections import Connections
-from ._pg_listing import fill_status, read_page, status_of
+from ._pg_listing import fetch_all, fill_status, listing, read_page, status_of
 from ._pg_sql import SCHEMA_VERSION, Sql
 from ._pg_values import VALUE_REFUSED, key_bytes, key_text, one_line, storable
 from ._protocol import FINISHED, ExecutionInfo, ExecutionPage, ExecutionState, Lease, LeaseRenewal, RunSnapshot
@@ -319,31 +319,8 @@ class PostgresJournal:
         self, *, state: ExecutionState | Collection[ExecutionState] | None = None
     ) -> list[ExecutionInfo]:
         wanted = wanted_states(state)
-
-        async def read(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
-            return await (await conn.execute(self._sql.list)).fetchall()
-
-        rows = await self._connections.run(read)
-        infos: list[ExecutionInfo] = []
-        for raw_key, text, leased, holder, retain_until, updated, runs, steps, size in rows:
-            key = key_text(raw_key)
-            record = _json.loads_dict(text)
-            found = state_of(record, leased=bool(leased) and not ours_and_ended(holder or ''))
-            if key is None or found not in wanted:
-                continue
-            infos.append(
-                ExecutionInfo(
-                    key=key,
-                    runs=int(runs),
-                    steps=int(steps),
-                    bytes=int(size),
-                    state=found,
-                    updated=float(updated) if updated is not None else 0.0,
-                    metadata=metadata_of(self._sealer.open_execution(key, record)),
-                    retain_until=float(retain_until) if retain_until is not None else None,
-                )
-            )
-        return sorted(infos, key=lambda info: info.key)
+        rows = await self._connections.run(lambda conn: fetch_all(conn, self._sql.list))
+        return listing(rows, self._sealer, wanted)
 
     async def page_executions(
         self,
@@ -407,13 +384,19 @@ class PostgresJournal:
             'ttl': float(ttl),
             'force': force,
             'take_over': None,
+            'keyed': self._sealer.encryption is not None,
         }
+        where = f'The column "sealed" of {self.schema}.schema_version'
 
         async def acquire(conn: AsyncConnection[Any]) -> Lease:
             for _ in range(_LEASE_ATTEMPTS):
                 row = await (await conn.execute(self._sql.acquire, params)).fetchone()
                 if row is not None:
+                    if (marker := self._sealer.admit(key, row[2], where)) is not None:  # EN-6: it has keys, or none
+                        await conn.execute(self._sql.write_marker, {'marker': marker})
                     return Lease(holder, float(row[0]), int(row[1]))
+                marked = await (await conn.execute(self._sql.read_marker)).fetchone()
+                self._sealer.admit(key, (marked or (None,))[0], where)  # EN-6: refused here, before any write
                 current = await self._read_lease(conn, eid)
                 if current is None:
                     continue  # released between the two statements: try again
@@ -425,13 +408,16 @@ class PostgresJournal:
 
         try:
             return await self._connections.run(acquire)
-        except JournalUnavailable:
+        except (JournalUnavailable, EncryptionMismatch):
             raise
         except Exception as exc:
             raise JournalUnavailable(
                 f'The Postgres journal {self!r} could not take the lease on execution {key!r} '
                 f'({type(exc).__name__}: {scrub(one_line(exc), self.dsn)}); no model was called.'
             ) from exc
+
+    async def _clear_marker(self) -> None:  # EN-6: `rekey --decrypt` only, once every value is plain
+        await self._connections.run(lambda conn: conn.execute(self._sql.write_marker, {'marker': None}))
 
     async def renew_leases(self, leases: Sequence[LeaseRenewal]) -> list[Lease | None]:
         """The leases now in force; raises when the database cannot be reached, so the renewer retries."""
