@@ -17,6 +17,7 @@ __all__ = (
     'JournalUnavailable',
     'LeaseLost',
     'ReplayDiverged',
+    'ResolutionRefused',
 )
 
 
@@ -166,3 +167,17 @@ class ReplayDiverged(DurableError):
             'default): the changed steps run live, and a tool call whose name and arguments equal a recorded one '
             'gets the recorded result instead of running again.'
         )
+
+
+class ResolutionRefused(DurableError, ValueError):
+    """A decision `resolve` cannot record: the execution is not waiting, the call is unknown, decided otherwise
+    already, or the decision does not fit the call (WT-2). Nothing was written.
+
+    `call_id` names the call at fault, or is `None` when the execution itself is the reason.
+    """
+
+    def __init__(self, key: str, call_id: str | None, reason: str) -> None:
+        self.key = key
+        self.call_id = call_id
+        self.reason = reason
+        super().__init__(f'Execution {key!r} cannot be resolved: {reason}. Nothing was recorded.')

@@ -35,6 +35,7 @@ from ._retention import FROM_JOURNAL, check_metadata
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Stats
 from ._step import SimulatedCrash, current_step
+from ._waiting import still_waiting
 
 __all__ = ('Attempt', 'CleanupMode')
 
@@ -194,7 +195,9 @@ class Attempt:
 
     async def _finish_state(self, state: StoreHold, error: BaseException | None, *, patient: bool) -> None:
         journal = state.journal
-        if error is None and (self.cleanup == 'execution' or (self.cleanup == 'run' and not state.runs)):
+        if error is None and still_waiting(state.record):  # WT-1: kept, whatever the cleanup, out of retention's reach
+            await self._write_record(state, status='waiting', patient=patient)
+        elif error is None and (self.cleanup == 'execution' or (self.cleanup == 'run' and not state.runs)):
 
             async def delete(epoch: int) -> bool:
                 await journal.delete_execution(self.key, epoch=epoch)

@@ -27,6 +27,8 @@ def execution_id(key: str) -> str:
 def state_of(record: dict[str, Any] | None, *, leased: bool) -> ExecutionState:
     """Running while a live lease exists; otherwise what the last attempt said, `interrupted` if it said nothing.
 
+    A waiting execution holds no lease, so it is never taken for an interrupted one (WT-1).
+
     `leased` must be judged as the engine judges a takeover (the store's clock, and a holder the store can
     prove dead is not a live one), so a killed holder shows as `interrupted` exactly when a retry would take
     it over (FN-3).
@@ -36,6 +38,8 @@ def state_of(record: dict[str, Any] | None, *, leased: bool) -> ExecutionState:
     status = (record or {}).get('status')
     if status == 'finished':
         return 'finished'
+    if status == 'waiting':
+        return 'waiting'
     return 'failed' if status == 'failed' else 'interrupted'
 
 

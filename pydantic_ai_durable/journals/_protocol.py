@@ -11,6 +11,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ._deferred import DeferredCall
+
 __all__ = (
     'EXECUTION_STATES',
     'ExecutionInfo',
@@ -21,11 +23,12 @@ __all__ = (
     'RunSnapshot',
 )
 
-ExecutionState = Literal['running', 'interrupted', 'failed', 'finished']
+ExecutionState = Literal['running', 'interrupted', 'waiting', 'failed', 'finished']
 """`running`: a live lease; `interrupted`: started, not finished, no live lease (its process died or lost
-the journal); `failed`: the last attempt ended with an exception; `finished`: the last attempt succeeded."""
+the journal); `waiting`: the last attempt ended with tool calls waiting for a decision (WT-1); `failed`: the
+last attempt ended with an exception; `finished`: the last attempt succeeded."""
 
-EXECUTION_STATES: tuple[ExecutionState, ...] = ('running', 'interrupted', 'failed', 'finished')
+EXECUTION_STATES: tuple[ExecutionState, ...] = ('running', 'interrupted', 'waiting', 'failed', 'finished')
 FINISHED: tuple[ExecutionState, ...] = ('finished',)
 """What `prune` deletes unless told otherwise."""
 
@@ -80,6 +83,8 @@ class ExecutionInfo:
     """The JSON object `execution(key, metadata=...)` stored with the execution, if any."""
     retain_until: float | None = None
     """For a finished execution: epoch seconds after which retention deletes it (`None`: kept until pruned)."""
+    pending: tuple[DeferredCall, ...] = ()
+    """For a waiting execution: the tool calls it still waits on, read from its record alone (WT-1)."""
 
 
 @runtime_checkable
@@ -94,9 +99,10 @@ class Journal(Protocol):
     when the store cannot be read; a stored value that does not decode comes back as `None` (or
     whatever non-dict it decodes to), which the core reads as a miss and reports once (J-3, B-3).
     Calls come from any event loop of the process: the user's, and the package's background loop,
-    which renews leases (CC-2). A backend reads two fields of the execution record it stores: `status`
-    (`running`, `failed`, `finished`) for listing, and for a finished execution `retention` (seconds, or
-    `None`), from which it keeps, by its own clock, when retention deletes it (FN-2).
+    which renews leases (CC-2). A backend reads three fields of the execution record it stores: `status`
+    (`running`, `waiting`, `failed`, `finished`) for listing, for a finished execution `retention` (seconds,
+    or `None`), from which it keeps, by its own clock, when retention deletes it (FN-2), and for a waiting
+    one the calls it waits on (`_deferred`, WT-1).
     """
 
     async def open(self) -> None:

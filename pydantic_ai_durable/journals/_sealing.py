@@ -29,8 +29,9 @@ SEALED = 'sealed'
 
 _ENTRY_CLEAR = frozenset({'v', 'name', 'kind', 'fingerprint', 't', 'start', 'matched', 'origin'})
 """What an entry keeps in clear: how the engine and the CLI find and match a step, never what it returned."""
-_EXECUTION_SEALED = frozenset({'metadata'})
-"""What an execution record seals: the rest is bookkeeping every backend reads (status, retention, runs)."""
+_EXECUTION_SEALED = frozenset({'metadata', 'deferred'})
+"""What an execution record seals: the rest is bookkeeping every backend reads (status, retention, runs); the calls
+it waits on, with their arguments and decisions, are the user's data (WT-1)."""
 _KEY_ID = re.compile(r'[A-Za-z0-9_.-]{1,64}')
 _NONCE = 12
 

@@ -20,6 +20,7 @@ from .._errors import JournalUnavailable
 from .._runtime import DEFAULT_RETENTION, Retention, boot_id, local_clock, retention_seconds
 from . import _json
 from ._common import execution_id, metadata_of, retention_of, state_of, wanted_states
+from ._deferred import pending_of
 from ._disk_commits import SharedCommits
 from ._disk_directory import Durability, check_directory, open_cache, place_of, safe_place
 from ._disk_heads import EXPIRY, RESERVE, Heads, delete_run_items, entry_key, expiry_key, record_key
@@ -330,6 +331,7 @@ class DiskJournal:
                         steps += 1
                         size += _size(text)
             retain_until = head.get('retain_until')
+            opened = self._sealer.open_execution(head['key'], record)
             infos.append(
                 ExecutionInfo(
                     key=head['key'],
@@ -338,8 +340,9 @@ class DiskJournal:
                     bytes=size,
                     state=found,
                     updated=float(head.get('updated', 0.0)),
-                    metadata=metadata_of(self._sealer.open_execution(head['key'], record)),
+                    metadata=metadata_of(opened),
                     retain_until=float(retain_until) if isinstance(retain_until, (int, float)) else None,
+                    pending=pending_of(opened),
                 )
             )
         return sorted(infos, key=lambda info: info.key)

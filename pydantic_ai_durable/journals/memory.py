@@ -13,6 +13,7 @@ from .._errors import LeaseLost
 from .._runtime import DEFAULT_RETENTION, Retention, local_clock, ours_and_ended, retention_seconds
 from . import _json
 from ._common import metadata_of, retention_of, state_of, wanted_states
+from ._deferred import pending_of
 from ._protocol import FINISHED, ExecutionInfo, ExecutionState, Lease, LeaseRenewal, RunSnapshot
 from ._sealing import Encryption, Sealer
 
@@ -157,6 +158,7 @@ class MemoryJournal:
                 found = state_of(record, leased=stored.leased(now))
                 if found not in wanted:
                     continue
+                opened = self._sealer.open_execution(key, record)
                 infos.append(
                     ExecutionInfo(
                         key=key,
@@ -165,8 +167,9 @@ class MemoryJournal:
                         bytes=sum(len(text) for text in texts) + len(stored.record or ''),
                         state=found,
                         updated=stored.updated,
-                        metadata=metadata_of(self._sealer.open_execution(key, record)),
+                        metadata=metadata_of(opened),
                         retain_until=stored.retain_until,
+                        pending=pending_of(opened),
                     )
                 )
         return sorted(infos, key=lambda info: info.key)

@@ -20,6 +20,7 @@ from .._errors import JournalUnavailable, LeaseLost
 from .._runtime import DEFAULT_RETENTION, Retention, ours_and_ended, retention_seconds
 from . import _json
 from ._common import execution_id, metadata_of, retention_of, state_of, wanted_states
+from ._deferred import pending_of
 from ._dsn import mask_dsn, scrub
 from ._pg_connections import Connections
 from ._pg_sql import SCHEMA_VERSION, Sql
@@ -326,6 +327,7 @@ class PostgresJournal:
             found = state_of(record, leased=bool(leased) and not ours_and_ended(holder or ''))
             if key is None or found not in wanted:
                 continue
+            opened = self._sealer.open_execution(key, record)
             infos.append(
                 ExecutionInfo(
                     key=key,
@@ -334,8 +336,9 @@ class PostgresJournal:
                     bytes=int(size),
                     state=found,
                     updated=float(updated) if updated is not None else 0.0,
-                    metadata=metadata_of(self._sealer.open_execution(key, record)),
+                    metadata=metadata_of(opened),
                     retain_until=float(retain_until) if retain_until is not None else None,
+                    pending=pending_of(opened),
                 )
             )
         return sorted(infos, key=lambda info: info.key)
