@@ -61,9 +61,15 @@ def build(
     scenario: str = 'one',
     durable: bool = True,
     kill: frozenset[str] = frozenset(),
+    refund_timeout: object = None,
+    carrier_timeout: object = None,
     **durable_options: Any,
 ) -> Agent[None, str | DeferredToolRequests]:
-    """The agent; `durable=False` builds the same agent without `Durable`, for pydantic-ai's own two runs."""
+    """The agent; `durable=False` builds the same agent without `Durable`, for pydantic-ai's own two runs.
+
+    `refund_timeout` goes into the refund tool's metadata, `carrier_timeout` into the carrier's deferral
+    metadata, each as `wait_timeout` (WT-5).
+    """
     turns = {'count': 0}
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -89,7 +95,14 @@ def build(
         note(log, f'lookup {order}')
         return f'order {order}: paid 5'
 
-    @agent.tool_plain(requires_approval=True, metadata={'team': 'billing'})
+    refund_metadata: dict[str, Any] = {'team': 'billing'}
+    if refund_timeout is not None:
+        refund_metadata['wait_timeout'] = refund_timeout
+    deferral: dict[str, Any] = {'queue': 'carriers'}
+    if carrier_timeout is not None:
+        deferral['wait_timeout'] = carrier_timeout
+
+    @agent.tool_plain(requires_approval=True, metadata=refund_metadata)
     def refund(amount: int) -> str:
         if 'refund' in kill:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -98,7 +111,7 @@ def build(
 
     @agent.tool_plain
     def carrier(parcel: str) -> str:
-        raise CallDeferred(metadata={'queue': 'carriers', 'parcel': parcel})
+        raise CallDeferred(metadata={**deferral, 'parcel': parcel})
 
     return agent
 

@@ -26,7 +26,7 @@ __all__ = ('Resolution', 'deny_overdue', 'pending_calls', 'resolve_calls')
 
 log = logging.getLogger('pydantic_ai_durable')
 
-_RESOLVE_TTL = 15.0
+_RESOLVE_TTL = 5.0
 """Seconds a resolver holds the execution: long enough to read and write one record, short if it dies."""
 _POLL_FIRST = 0.05
 _POLL_MAX = 0.5
