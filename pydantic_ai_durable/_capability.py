@@ -6,8 +6,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from pydantic_ai.agent import EventStreamHandler
-from pydantic_ai.capabilities import WrapOutputProcessHandler, WrapRunHandler
+from pydantic_ai.agent import AbstractAgent, EventStreamHandler
+from pydantic_ai.capabilities import AbstractCapability, WrapOutputProcessHandler, WrapRunHandler
 from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec
 from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.models import Model
@@ -17,7 +17,7 @@ from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, DeferredToolResu
 from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset
 
 from ._active_run import ActiveRun, activated, active_run
-from ._compat import check_private_hooks, resolve_request_model
+from ._compat import check_private_hooks, name_capability_toolsets, resolve_request_model
 from ._core import DivergenceMode, SimulatedCrash, check_divergence_mode
 from ._execution import current_attempt, track_spend
 from ._fingerprint import ModelFingerprinter, fingerprint_run_start
@@ -107,6 +107,10 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
 
     def __repr__(self) -> str:
         return f'Durable(journal={self.journal!r}, name={self.name!r})'
+
+    def for_agent(self, agent: AbstractAgent[AgentDepsT, Any]) -> AbstractCapability[AgentDepsT]:
+        name_capability_toolsets(agent.toolsets)  # before pydantic-ai registers them by id (WT-6)
+        return super().for_agent(agent)
 
     @property
     def in_durable_context(self) -> bool:
