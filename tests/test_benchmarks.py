@@ -32,6 +32,10 @@ CASES = {
         ['--n', '4', '--rounds', '1', '--kills', '0', '--engines', 'celery', '--journals', 'disk'],
         '| celery | disk |',
     ),
+    'waiting': (
+        ['--n', '20', '--agents', '3', *([] if POSTGRES else ['--no-postgres'])],
+        '21 waiting executions listed (21 pending calls',
+    ),
     'concurrency': (
         ['--n', '5', '--processes', '0', '--configs', 'bare,disk,postgres' if POSTGRES else 'bare,disk'],
         'one DiskJournal | 5 |',
