@@ -65,6 +65,8 @@ async def test_wt1_a_run_that_ends_deferring_leaves_its_execution_waiting_with_i
     assert all(call.since > 0 and call.deadline is None and call.decision is None for call in pending.values())
     assert await pending_calls(reader, KEY) == list(infos[0].pending)
     assert lines(log).count('model') == 1
+    record = await reader.read_execution(KEY)
+    assert record is not None and set(record) == {'v', 'key', 'runs', 'status', 'attempts', 'updated', 'deferred'}
     lease = await reader.acquire_lease(KEY, 'another-holder', 5)  # nothing is held while it waits
     assert lease.holder == 'another-holder'
     await reader.release_lease(KEY, 'another-holder', lease.epoch)

@@ -122,7 +122,9 @@ async def test_wt6_the_rendered_result_answers_a_question_too(
         await resolve(new_journal(), KEY, results={'q1': ANSWER})
 
 
-def reviewing_agent(journal: Journal | None, log: Path) -> Agent[None, str | DeferredToolRequests]:
+def reviewing_agent(
+    journal: Journal | None, log: Path, *, big_first: bool = False
+) -> Agent[None, str | DeferredToolRequests]:
     """Two refunds need approval; the reviewer's model clears the small one and leaves the big one."""
 
     def reviewer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -136,10 +138,11 @@ def reviewing_agent(journal: Journal | None, log: Path) -> Agent[None, str | Def
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         note(log, 'model')
         if not any(isinstance(p, ToolReturnPart) for m in messages for p in m.parts):
+            amounts = [900, 5] if big_first else [5, 900]
             return ModelResponse(
                 parts=[
-                    ToolCallPart('refund', {'amount': 5}, tool_call_id='c2'),
-                    ToolCallPart('refund', {'amount': 900}, tool_call_id='c3'),
+                    ToolCallPart('refund', {'amount': amount}, tool_call_id=f'c{index}')
+                    for index, amount in enumerate(amounts, start=2)
                 ]
             )
         return ModelResponse(parts=[TextPart(summary(messages))])
@@ -163,35 +166,41 @@ def reviewing_agent(journal: Journal | None, log: Path) -> Agent[None, str | Def
     return agent
 
 
+@pytest.mark.parametrize('big_first', [False, True], ids=['small-first', 'big-first'])
 async def test_wt6_an_approval_reviewers_decisions_are_replayed_and_only_what_it_left_waits(
-    new_journal: Callable[[], Journal], tmp_path: Path
+    new_journal: Callable[[], Journal], tmp_path: Path, big_first: bool
 ) -> None:
     log = tmp_path / 'log'
+    person = 'c2' if big_first else 'c3'
 
     async def attempt() -> Any:
         journal = new_journal()
         async with execution(KEY, journal=journal) as handle:
-            output = (await reviewing_agent(journal, log).run('refund both')).output
+            output = (await reviewing_agent(journal, log, big_first=big_first).run('refund both')).output
         return output, handle
 
     output, _ = await attempt()
-    assert isinstance(output, DeferredToolRequests) and [c.tool_call_id for c in output.approvals] == ['c3']
+    assert isinstance(output, DeferredToolRequests) and [c.tool_call_id for c in output.approvals] == [person]
     assert lines(log) == ['model', 'reviewer', 'reviewer', 'refund 5']
-    assert [call.call_id for call in await pending_calls(new_journal(), KEY)] == ['c3']
+    assert [call.call_id for call in await pending_calls(new_journal(), KEY)] == [person]
 
-    await resolve(new_journal(), KEY, approvals={'c3': False}, by='manager')
+    await resolve(new_journal(), KEY, approvals={person: True}, by='manager')
     output, handle = await attempt()
-    assert lines(log) == ['model', 'reviewer', 'reviewer', 'refund 5', 'model']  # no review asked again
-    assert handle.stats.divergences == []
+    # no review asked again, the small refund not paid again, the approved big one paid once
+    assert lines(log) == ['model', 'reviewer', 'reviewer', 'refund 5', 'refund 900', 'model']
 
     plain_log = tmp_path / 'plain'
-    plain = reviewing_agent(None, plain_log)
+    plain = reviewing_agent(None, plain_log, big_first=big_first)
     first = await plain.run('refund both')
     second = await plain.run(
-        message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals={'c3': False})
+        message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals={person: True})
     )
     assert output == second.output
     assert lines(plain_log) == lines(log)
+    # The approved calls run as one batch, in the model's order: when the person's comes first, it takes the
+    # position the reviewer's call was recorded at, and the reviewer's call replays by its arguments (DV-2).
+    assert handle.stats.replayed_by_arguments['tool'] == (1 if big_first else 0)
+    assert len(handle.stats.divergences) == (1 if big_first else 0)
 
 
 async def test_wt6_show_prints_a_waiting_questions_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -354,7 +354,9 @@ class Attempt:
         self.runs.append(run)
         return run
 
-    async def _write_record(self, state: StoreHold, **changes: Any) -> None:
+    async def _write_record(self, state: StoreHold, *, patient: bool = True, **changes: Any) -> None:
+        """Write the execution record with `changes`; `patient=False` tries a failing store once (the end of a
+        broken attempt). `patient` is how to write, never a field of the record."""
         async with state.lock:
             state.record.update(changes, runs=list(state.runs), updated=time.time())
             record = dict(state.record)
@@ -362,6 +364,7 @@ class Attempt:
                 state,
                 'the execution record',
                 lambda epoch: state.journal.write_execution(self.key, record, epoch=epoch),
+                patient=patient,
             )
 
     async def cleanup_run(self, run: Run) -> None:

@@ -121,14 +121,19 @@ def _decision(value: object) -> CallDecision | None:
     )
 
 
-def deferred_calls(record: dict[str, Any] | None) -> list[DeferredCall]:
-    """Every call the record lists as deferred, decided or not, oldest first; a malformed one is skipped (B-3)."""
+def deferred_calls(record: dict[str, Any] | None, *, pending_only: bool = False) -> list[DeferredCall]:
+    """Every call the record lists as deferred, decided or not, oldest first; a malformed one is skipped (B-3).
+
+    `pending_only` skips the decided and answered ones before reading them (a listing reads thousands).
+    """
     stored = (record or {}).get(DEFERRED)
     if not isinstance(stored, dict):
         return []
     calls: list[DeferredCall] = []
     for call_id, item in stored.items():
         if not isinstance(item, dict) or item.get('kind') not in ('approval', 'external'):
+            continue
+        if pending_only and (item.get('decision') is not None or item.get('answered') is not None):
             continue
         tool, run, since = item.get('tool'), item.get('run'), _number(item.get('since'))
         if not isinstance(tool, str) or not isinstance(run, str) or since is None:
@@ -150,11 +155,13 @@ def deferred_calls(record: dict[str, Any] | None) -> list[DeferredCall]:
                 answered_in=answered if isinstance(answered, str) else None,
             )
         )
-    return sorted(calls, key=lambda call: (call.since, call.call_id))
+    if len(calls) > 1:
+        calls.sort(key=lambda call: (call.since, call.call_id))
+    return calls
 
 
 def pending_of(record: dict[str, Any] | None) -> tuple[DeferredCall, ...]:
     """The calls a waiting execution still waits on: listed with it (`ExecutionInfo.pending`)."""
-    if (record or {}).get('status') != 'waiting':
+    if record is None or record.get('status') != 'waiting':
         return ()
-    return tuple(call for call in deferred_calls(record) if call.pending)
+    return tuple(deferred_calls(record, pending_only=True))
