@@ -19,7 +19,7 @@ from pydantic_ai import DeferredToolRequests, DeferredToolResults
 from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.tools import ToolApproved, ToolDenied
 from stores import Store, disk_store, memory_store, postgres_store
-from waiting_agent import PROMPT, build, lines, plain_two_runs
+from waiting_agent import KEY, PROMPT, build, lines, plain_two_runs
 
 from pydantic_ai_durable import (
     Encryption,
@@ -33,11 +33,9 @@ from pydantic_ai_durable import (
     sweep_interrupted,
 )
 
-KEY = 'order-7'
-
 
 async def run(journal: Journal, log: Path, scenario: str = 'one', **options: Any) -> Any:
-    """One attempt of the app's code: the same every time, no history kept, no results passed."""
+    """One attempt of the app's code, and its handle (what it replayed and recorded)."""
     agent = build(journal, log, scenario=scenario, **options)
     async with execution(KEY, journal=journal) as handle:
         result = await agent.run(PROMPT)

@@ -16,16 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fleet_agent import journal_from_setting as open_journal
 from pg import fresh_schema
 from pydantic_ai import DeferredToolResults
-from waiting_agent import lines, plain_two_runs
+from waiting_agent import KEY, lines, plain_two_runs
 
-from pydantic_ai_durable import DiskJournal, Journal, PostgresJournal, pending_calls
+from pydantic_ai_durable import pending_calls
 
 pytestmark = pytest.mark.skipif(sys.platform == 'win32', reason='SIGKILL is POSIX')
 
 HERE = Path(__file__).parent
-KEY = 'order-7'
 
 
 @pytest.fixture(params=['disk', 'postgres'])
@@ -35,14 +35,6 @@ def journal_setting(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     else:
         dsn, schema = fresh_schema()
         yield f'postgres:{schema}:{dsn}'
-
-
-def _journal(setting: str) -> Journal:
-    kind, _, rest = setting.partition(':')
-    if kind == 'disk':
-        return DiskJournal(rest)
-    schema, _, dsn = rest.partition(':')
-    return PostgresJournal(dsn, schema=schema)
 
 
 def child(setting: str, log: Path, phase: str, point: str = '') -> subprocess.CompletedProcess[str]:
@@ -65,7 +57,7 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
 
 
 async def state_and_pending(setting: str) -> tuple[str, list[str]]:
-    journal = _journal(setting)
+    journal = open_journal(setting)
     try:
         (info,) = await journal.list_executions()
         return info.state, [call.call_id for call in info.pending]
@@ -84,13 +76,13 @@ async def test_wt1_wt2_wt3_sigkill_at_every_point_of_a_wait_keeps_each_effect_on
     assert lines(log) == ['model', 'lookup 7'] and await state_and_pending(journal_setting) == ('waiting', ['c2'])
 
     killed(child(journal_setting, log, 'resolve', 'before-write'))  # nothing recorded
-    journal = _journal(journal_setting)
+    journal = open_journal(journal_setting)
     try:
         assert [call.call_id for call in await pending_calls(journal, KEY)] == ['c2']
     finally:
         await journal.close()
     killed(child(journal_setting, log, 'resolve', 'after-write'))  # recorded, lease left behind
-    journal = _journal(journal_setting)
+    journal = open_journal(journal_setting)
     try:
         (call,) = await pending_calls(journal, KEY, decided=True)
     finally:

@@ -18,9 +18,10 @@ from pydantic_ai.exceptions import CallDeferred
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from pydantic_ai_durable import Durable, Journal
+from pydantic_ai_durable import Durable, Journal, execution
 
 PROMPT = 'refund order 7'
+KEY = 'order-7'
 
 CALLS = {
     'one': [ToolCallPart('lookup', {'order': 7}, tool_call_id='c1'), ToolCallPart('refund', {'amount': 5}, 'c2')],
@@ -114,6 +115,14 @@ def build(
         raise CallDeferred(metadata={**deferral, 'parcel': parcel})
 
     return agent
+
+
+async def attempt(journal: Journal, log: Path, scenario: str = 'one', **options: Any) -> Any:
+    """One attempt of the app's code, the same every time (no history kept, no results passed): its output."""
+    agent = build(journal, log, scenario=scenario, **options)
+    async with execution(KEY, journal=journal):
+        result = await agent.run(PROMPT)
+    return result.output
 
 
 async def plain_two_runs(

@@ -18,19 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from waiting_agent import PROMPT, build
+from fleet_agent import journal_from_setting as open_journal
+from waiting_agent import KEY, PROMPT, build
 
-from pydantic_ai_durable import DiskJournal, ExecutionBusy, Journal, PostgresJournal, execution, resolve
-
-KEY = 'order-7'
-
-
-def open_journal(setting: str) -> Journal:
-    kind, _, rest = setting.partition(':')
-    if kind == 'disk':
-        return DiskJournal(rest)
-    schema, _, dsn = rest.partition(':')
-    return PostgresJournal(dsn, schema=schema)
+from pydantic_ai_durable import ExecutionBusy, Journal, execution, resolve
 
 
 def die() -> None:
