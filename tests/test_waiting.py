@@ -314,3 +314,76 @@ async def test_wt1_wt2_the_arguments_and_decisions_of_waiting_calls_are_sealed(s
         assert marker not in raw, marker
     assert b'waiting' in raw  # the state stays readable without keys
     assert [call.call_id for call in await pending_calls(store.make(keys), KEY)] == ['c2']
+
+
+def charging_agent(journal: Journal | None, log: Path) -> Any:
+    """A charge needs approval, and once approved it waits for the bank: two kinds of decision for one call."""
+    from pydantic_ai import Agent
+    from pydantic_ai.exceptions import CallDeferred
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from waiting_agent import note, summary
+
+    from pydantic_ai_durable import Durable
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        note(log, 'model')
+        if not any(isinstance(p, ToolReturnPart) for m in messages for p in m.parts):
+            return ModelResponse(parts=[ToolCallPart('charge', {'amount': 3}, tool_call_id='c1')])
+        return ModelResponse(parts=[TextPart(summary(messages))])
+
+    agent: Any = Agent(
+        FunctionModel(model, model_name='charging'),
+        name='charging',
+        output_type=[str, DeferredToolRequests],  # type: ignore[arg-type]
+        capabilities=[Durable(journal)] if journal is not None else [],
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def charge(amount: int) -> str:
+        note(log, f'charge {amount}')
+        raise CallDeferred(metadata={'bank': 'waits for the bank'})
+
+    return agent
+
+
+async def test_wt3_a_decided_call_that_defers_again_keeps_waiting_for_the_apps_own_run(
+    new_journal: Callable[[], Journal], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = tmp_path / 'log'
+
+    async def attempt(*, answer: bool = False) -> Any:
+        journal = new_journal()
+        agent = charging_agent(journal, log)
+        async with execution(KEY, journal=journal):
+            first = await agent.run(PROMPT)
+            if not answer:
+                return first.output
+            results = DeferredToolResults(calls={'c1': 'the bank confirmed'})
+            return (await agent.run(message_history=first.all_messages(), deferred_tool_results=results)).output
+
+    await attempt()
+    await resolve(new_journal(), KEY, approvals={'c1': True}, by='alice')
+    with caplog.at_level('WARNING', logger='pydantic_ai_durable'):
+        again = await attempt()  # the approved charge runs once and defers its result to the bank
+    assert isinstance(again, DeferredToolRequests) and [call.tool_call_id for call in again.calls] == ['c1']
+    assert 'pydantic-ai asks for only in a new run' in caplog.text
+    (call,) = await pending_calls(new_journal(), KEY)
+    assert call.kind == 'external' and call.earlier is not None and call.earlier.kind == 'approved'
+    with pytest.raises(ResolutionRefused, match='only in a new run'):
+        await resolve(new_journal(), KEY, results={'c1': 'the bank confirmed'})
+    assert isinstance(await attempt(), DeferredToolRequests)  # still waiting, the charge not run again
+
+    output = await attempt(answer=True)  # the app's own run answers it
+    plain = charging_agent(None, tmp_path / 'plain')
+    first = await plain.run(PROMPT)
+    second = await plain.run(
+        message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals={'c1': True})
+    )
+    third = await plain.run(
+        message_history=second.all_messages(),
+        deferred_tool_results=DeferredToolResults(calls={'c1': 'the bank confirmed'}),
+    )
+    assert output == third.output and lines(log).count('charge 3') == 1
+    (info,) = await new_journal().list_executions()
+    assert info.state == 'finished'

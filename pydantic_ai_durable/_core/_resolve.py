@@ -146,6 +146,14 @@ async def _decide(journal: Journal, key: str, decisions: Mapping[str, CallDecisi
             raise ResolutionRefused(
                 key, call_id, f'call {call_id!r} ({call.tool_name}) waits for an {call.kind} decision: {wanted}'
             )
+        if call.earlier is not None:
+            raise ResolutionRefused(
+                key,
+                call_id,
+                f'call {call_id!r} ({call.tool_name}) was decided, then deferred again for an {call.kind} decision, '
+                'which pydantic-ai asks for only in a new run: answer it by running the agent with the message '
+                'history and DeferredToolResults for it',
+            )
         if call.answered_in is not None:
             raise ResolutionRefused(key, call_id, f'call {call_id!r} was answered by run {call.answered_in} already')
         if call.decision is not None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..journals import DEFERRED, CallDecision, CallKind, deferred_calls
+from ..journals import DEFERRED, CallDecision, CallKind, decision_of, deferred_calls
 
 __all__ = ('Deferral', 'decisions_for', 'note_answered', 'note_deferred', 'still_waiting')
 
@@ -50,18 +50,35 @@ def note_deferred(record: dict[str, Any], run: str, deferrals: Sequence[Deferral
     """Note the calls run `run` ended waiting on; a call noted before (a replay of the same wait) keeps its state.
 
     A call id the record already holds for another call (another run, tool or arguments) is replaced, with a
-    WARNING: a decision must never reach a call it was not made for.
+    WARNING: a decision must never reach a call it was not made for. A decided call that waits again for another
+    kind of decision (an approved tool that then defers its result) keeps its decision, applied on every
+    replay, and is marked `again`: pydantic-ai asks for that second decision only in a new run, never in the
+    step that applied the first, so the execution waits for an app that passes `DeferredToolResults` itself,
+    with a WARNING, instead of finishing.
     """
     calls = _calls(record)
     now = time.time()
     for deferral in deferrals:
         known = calls.get(deferral.call_id)
-        if isinstance(known, dict) and (known.get('run'), known.get('tool'), known.get('digest')) == (
+        same = isinstance(known, dict) and (known.get('run'), known.get('tool'), known.get('digest')) == (
             run,
             deferral.tool_name,
             deferral.digest,
-        ):
-            continue
+        )
+        if same and isinstance(known, dict):
+            if known.get('kind') == deferral.kind or known.get('again') == deferral.kind:
+                continue
+            if known.get('decision') is not None:
+                known['again'], known['again_since'] = deferral.kind, now
+                log.warning(
+                    'Execution record: tool call %r (%s) was decided, then deferred again for an %s decision, which '
+                    'pydantic-ai asks for only in a new run. The execution waits: answer the call by running the '
+                    'agent with the message history and DeferredToolResults for it.',
+                    deferral.call_id,
+                    deferral.tool_name,
+                    deferral.kind,
+                )
+                continue
         if known is not None:
             log.warning(
                 'Execution record: tool call id %r was deferred before for another call; the earlier one is forgotten.',
@@ -88,27 +105,39 @@ def note_answered(record: dict[str, Any], run: str, call_ids: Iterable[str]) -> 
         return
     for call_id in call_ids:
         known = calls.get(call_id)
-        if isinstance(known, dict) and known.get('decision') is None and known.get('answered') is None:
+        if (
+            isinstance(known, dict)
+            and known.get('answered') is None
+            and (known.get('decision') is None or known.get('again') is not None)
+        ):
             known['answered'] = run
 
 
-def decisions_for(record: dict[str, Any], run: str, asked: Sequence[tuple[str, str, str]]) -> dict[str, CallDecision]:
-    """The recorded decisions for the calls `(call id, tool name, digest)` a run is now waiting on (WT-3).
+def decisions_for(
+    record: dict[str, Any], run: str, asked: Sequence[tuple[str, str, str, CallKind]]
+) -> dict[str, CallDecision]:
+    """The recorded decisions for the calls `(call id, tool name, digest, kind)` a run is now waiting on (WT-3).
 
-    All or nothing: unless every one of them was noted by this run, for this tool and these arguments, and is
-    decided, the answer is empty and the run ends waiting again without running anything.
+    All or nothing: unless every one of them was noted by this run, for this tool, these arguments and this kind
+    of decision, and is decided, the answer is empty and the run ends waiting again without running anything.
     """
-    by_id = {call.call_id: call for call in deferred_calls(record)}
-    found: dict[str, CallDecision] = {}
     calls = record.get(DEFERRED)
-    for call_id, tool_name, digest in asked:
-        call = by_id.get(call_id)
+    found: dict[str, CallDecision] = {}
+    for call_id, tool_name, digest, kind in asked:
         stored = calls.get(call_id) if isinstance(calls, dict) else None
-        if call is None or call.decision is None or not isinstance(stored, dict):
+        if not isinstance(stored, dict):
             return {}
-        if (call.run, call.tool_name, stored.get('digest')) != (run, tool_name, digest):
+        if (stored.get('run'), stored.get('tool'), stored.get('digest'), stored.get('kind')) != (
+            run,
+            tool_name,
+            digest,
+            kind,
+        ):
             return {}
-        found[call_id] = call.decision
+        decision = decision_of(stored.get('decision'))
+        if decision is None:
+            return {}
+        found[call_id] = decision
     return found
 
 

@@ -71,7 +71,13 @@ async def recorded_decisions(
         active.deferred_tools[call.tool_call_id] = tool_def.metadata if tool_def is not None else None
     if not _top_level(active):
         return None
-    asked = [(call.tool_call_id, call.tool_name, _digest(call)) for call in _asked(requests)]
+    kinds: list[tuple[ToolCallPart, CallKind]] = [
+        *((call, 'approval') for call in requests.approvals),
+        *((call, 'external') for call in requests.calls),
+    ]
+    asked: list[tuple[str, str, str, CallKind]] = [
+        (call.tool_call_id, call.tool_name, _digest(call), kind) for call, kind in kinds
+    ]
     decisions = decisions_for(active.run.state.record, active.run.key, asked)
     if not decisions:
         return None

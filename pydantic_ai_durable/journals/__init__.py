@@ -11,6 +11,7 @@ from ._common import state_of as state_of
 from ._deferred import DEFERRED as DEFERRED
 from ._deferred import CallDecision, DeferredCall
 from ._deferred import CallKind as CallKind
+from ._deferred import decision_of as decision_of
 from ._deferred import deferred_calls as deferred_calls
 from ._deferred import pending_of as pending_of
 from ._dsn import mask_dsn as mask_dsn

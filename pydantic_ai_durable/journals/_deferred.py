@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ('DEFERRED', 'CallDecision', 'CallKind', 'DeferredCall', 'deferred_calls', 'pending_of')
+__all__ = ('DEFERRED', 'CallDecision', 'CallKind', 'DeferredCall', 'decision_of', 'deferred_calls', 'pending_of')
 
 DEFERRED = 'deferred'
 """The execution record's field that holds the calls its runs deferred, by tool call id (sealed under encryption)."""
@@ -87,6 +87,10 @@ class DeferredCall:
     decision: CallDecision | None = None
     answered_in: str | None = None
     """A later run of the execution that gave this call its result without a recorded decision (the app's own way)."""
+    earlier: CallDecision | None = None
+    """The decision the call got before it deferred again for another kind of decision (an approved tool that
+    then waits for an outside result). pydantic-ai asks for the second decision only in a new run, so such a
+    call is answered by the app's own run with `DeferredToolResults`, not by `resolve`."""
 
     @property
     def pending(self) -> bool:
@@ -104,7 +108,8 @@ def _object(value: object) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _decision(value: object) -> CallDecision | None:
+def decision_of(value: object) -> CallDecision | None:
+    """A decision as the record stores it, or `None` for none (or one of an unknown shape)."""
     if not isinstance(value, dict) or value.get('kind') not in ('approved', 'denied', 'result'):
         return None
     at = _number(value.get('at'))
@@ -133,26 +138,29 @@ def deferred_calls(record: dict[str, Any] | None, *, pending_only: bool = False)
     for call_id, item in stored.items():
         if not isinstance(item, dict) or item.get('kind') not in ('approval', 'external'):
             continue
-        if pending_only and (item.get('decision') is not None or item.get('answered') is not None):
+        again = item.get('again') if item.get('again') in ('approval', 'external') else None
+        if pending_only and ((item.get('decision') is not None and again is None) or item.get('answered') is not None):
             continue
         tool, run, since = item.get('tool'), item.get('run'), _number(item.get('since'))
         if not isinstance(tool, str) or not isinstance(run, str) or since is None:
             continue
         answered = item.get('answered')
+        decision = decision_of(item.get('decision'))
         calls.append(
             DeferredCall(
                 call_id=call_id,
                 tool_name=tool,
-                kind=item['kind'],
+                kind=again or item['kind'],
                 arguments=item.get('args'),
                 run=run,
-                since=since,
-                deadline=_number(item.get('deadline')),
+                since=_number(item.get('again_since')) or since if again else since,
+                deadline=None if again else _number(item.get('deadline')),
                 metadata=_object(item.get('metadata')),
                 tool_metadata=_object(item.get('tool_metadata')),
                 request=_object(item.get('request')),
-                decision=_decision(item.get('decision')),
+                decision=None if again else decision,
                 answered_in=answered if isinstance(answered, str) else None,
+                earlier=decision if again else None,
             )
         )
     if len(calls) > 1:
