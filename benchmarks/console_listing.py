@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic_ai_durable import DiskJournal, Journal, PostgresJournal
 from pydantic_ai_durable._runtime import new_holder, start_holding
+from pydantic_ai_durable.journals import EXECUTION_STATES
 from pydantic_ai_durable.journals._common import execution_id
 from pydantic_ai_durable.journals._disk_heads import RESERVE, entry_key
 
@@ -116,7 +117,7 @@ async def timed(call: Callable[[], Awaitable[Any]], rounds: int) -> tuple[float,
 
 async def measure(name: str, journal: Journal, n: int, rounds: int, whole: bool) -> None:
     recorded = {'running': 'interrupted', 'failed': 'failed', 'finished': 'finished'}
-    expected = {'running': RUNNING, 'interrupted': 0, 'failed': 0, 'finished': 0}
+    expected = dict.fromkeys(EXECUTION_STATES, 0) | {'running': RUNNING}
     for index in range(RUNNING, n):  # the first RUNNING are held by live leases
         expected[recorded[status_of(index)]] += 1
     started = time.perf_counter()

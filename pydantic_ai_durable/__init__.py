@@ -13,11 +13,14 @@ from typing import TYPE_CHECKING, Any
 from ._core import (
     ImportReport,
     Limits,
+    Resolution,
     Stats,
     copy_execution,
+    deny_overdue,
     export_execution,
     fork_execution,
     import_execution,
+    pending_calls,
     retry_delay,
     sweep_interrupted,
 )
@@ -32,11 +35,22 @@ from ._errors import (
     JournalUnavailable,
     LeaseLost,
     ReplayDiverged,
+    ResolutionRefused,
 )
-from .journals import DiskJournal, Encryption, ExecutionInfo, Journal, MemoryJournal, PostgresJournal
+from .journals import (
+    CallDecision,
+    DeferredCall,
+    DiskJournal,
+    Encryption,
+    ExecutionInfo,
+    Journal,
+    MemoryJournal,
+    PostgresJournal,
+)
 
 if TYPE_CHECKING:
     from ._capability import Durable
+    from ._decisions import ask_user_request, resolve
     from ._execution import Execution, ExecutionUsage, execution
     from ._masking import SecretRegistry, register_secret
     from ._messages import recorded_messages
@@ -45,6 +59,8 @@ if TYPE_CHECKING:
 # so they are loaded on first use.
 _LAZY = {
     'Durable': '._capability',
+    'ask_user_request': '._decisions',
+    'resolve': '._decisions',
     'Execution': '._execution',
     'ExecutionUsage': '._execution',
     'execution': '._execution',
@@ -66,6 +82,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = (
+    'CallDecision',
+    'DeferredCall',
     'DiskJournal',
     'Durable',
     'DurableError',
@@ -87,15 +105,21 @@ __all__ = (
     'MemoryJournal',
     'PostgresJournal',
     'ReplayDiverged',
+    'Resolution',
+    'ResolutionRefused',
     'SecretRegistry',
     'Stats',
+    'ask_user_request',
     'copy_execution',
+    'deny_overdue',
     'execution',
     'export_execution',
     'fork_execution',
     'import_execution',
+    'pending_calls',
     'recorded_messages',
     'register_secret',
+    'resolve',
     'retry_delay',
     'sweep_interrupted',
 )

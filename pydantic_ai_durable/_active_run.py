@@ -48,6 +48,8 @@ class ActiveRun:
     sent_upto: int = 0
     """How many messages of the history the run's model requests have recorded so far, with their
     responses: the next request records only what follows (XP-5)."""
+    deferred_tools: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    """The tool metadata of each call the run was asked to decide, by call id: its record lists it (WT-1)."""
 
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)

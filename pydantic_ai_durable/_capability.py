@@ -6,18 +6,18 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from pydantic_ai.agent import EventStreamHandler
-from pydantic_ai.capabilities import WrapOutputProcessHandler, WrapRunHandler
+from pydantic_ai.agent import AbstractAgent, EventStreamHandler
+from pydantic_ai.capabilities import AbstractCapability, WrapOutputProcessHandler, WrapRunHandler
 from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec
 from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.models import Model
 from pydantic_ai.output import OutputContext
 from pydantic_ai.run import AgentRunResult
-from pydantic_ai.tools import AgentDepsT, RunContext
+from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, DeferredToolResults, RunContext
 from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset
 
 from ._active_run import ActiveRun, activated, active_run
-from ._compat import check_private_hooks, resolve_request_model
+from ._compat import check_private_hooks, name_capability_toolsets, resolve_request_model
 from ._core import DivergenceMode, SimulatedCrash, check_divergence_mode
 from ._execution import current_attempt, track_spend
 from ._fingerprint import ModelFingerprinter, fingerprint_run_start
@@ -26,9 +26,12 @@ from ._steps import (
     PAYLOAD_CODEC,
     DurableBackend,
     DurableLeafToolset,
+    check_wait_timeout,
     journal_output_process,
     not_journalable,
+    note_run_end,
     opted_out_toolsets,
+    recorded_decisions,
 )
 from ._tracing import traced_run
 from ._usage import ReplayUsageLedger, RunSpend
@@ -54,6 +57,12 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
     completed step is recorded in the journal, and a later attempt of the same execution key replays
     it instead of calling the model or the tool again. `journal=None` uses the execution's journal or
     the default `DiskJournal`.
+
+    A run that ends with `DeferredToolRequests` (a tool that needs approval or an outside result) leaves its
+    execution `waiting` on those calls; `resolve` decides them from anywhere, and running the same code
+    again goes on from there with the decisions (WT-1..WT-3). `wait_timeout` (seconds) denies a call still
+    pending that long, when the sweep next runs (WT-5); a tool's or a deferral's metadata key
+    `wait_timeout` sets it per call.
     """
 
     engine_spec: ClassVar[DurabilityEngineSpec] = DurabilityEngineSpec(
@@ -75,8 +84,10 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         event_stream_handler: EventStreamHandler[AgentDepsT] | None = None,
         secrets: SecretRegistry | None = None,
         on_divergence: DivergenceMode | None = None,
+        wait_timeout: float | None = None,
     ) -> None:
         check_divergence_mode(on_divergence)
+        timeout = check_wait_timeout(wait_timeout)
         if journal is not None and not isinstance(journal, Journal):
             raise TypeError(
                 f'Durable(journal=...) needs a journal such as MemoryJournal() or DiskJournal(path), '
@@ -88,12 +99,18 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         self.secrets = secrets if secrets is not None else SECRETS
         self.on_divergence: DivergenceMode | None = on_divergence
         """What a run does at its first mismatch, unless the execution says otherwise (DV-2, DV-3)."""
+        self.wait_timeout = timeout
+        """Seconds a deferred call may wait for a decision before the sweep denies it; `None`: for ever (WT-5)."""
         self._request_models: dict[tuple[int, str | None], Model] = {}
         self._backend: DurableBackend | None = None
         self._opted_out: frozenset[str] | None = None
 
     def __repr__(self) -> str:
         return f'Durable(journal={self.journal!r}, name={self.name!r})'
+
+    def for_agent(self, agent: AbstractAgent[AgentDepsT, Any]) -> AbstractCapability[AgentDepsT]:
+        name_capability_toolsets(agent.toolsets)  # before pydantic-ai registers them by id (WT-6)
+        return super().for_agent(agent)
 
     @property
     def in_durable_context(self) -> bool:
@@ -144,9 +161,19 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
                 raise
             finally:
                 ledger.settle()
-        if attempt.cleanup == 'run':
+        waits = note_run_end(active, result, wait_timeout=self.wait_timeout)  # WT-1
+        if attempt.cleanup == 'run' and not waits:
             await attempt.cleanup_run(run)
         return result
+
+    async def handle_deferred_tool_calls(
+        self, ctx: RunContext[AgentDepsT], *, requests: DeferredToolRequests
+    ) -> DeferredToolResults | None:
+        """The decisions `resolve` recorded for the calls the run waits on, once every one is decided (WT-3)."""
+        active = active_run(self)
+        if active is None:
+            return None
+        return await recorded_decisions(active, ctx, requests)
 
     async def _request_model(self, model_id: str | None, ctx: RunContext[Any]) -> Model:
         """The model a request goes to, resolved once per agent and model id (A-7)."""

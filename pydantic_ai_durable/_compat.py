@@ -3,22 +3,33 @@
 Everything else goes through pydantic-ai's public durable API. Resolving the model a request goes to has
 no public counterpart: `BaseDurabilityCapability._resolve_model_for_request` runs the agent's whole
 `resolve_model_id` chain, which the package must not copy, because a request fingerprinted against another
-model than the one that answers it could replay a wrong answer (FP-2, A-7).
+model than the one that answers it could replay a wrong answer (FP-2, A-7). And a function toolset a
+capability contributes without an id (pydantic-ai-harness's `AskUser`) is given its capability's id, the
+name pydantic-ai's durable layer asks for, since there is no public way to name it (WT-6).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
+from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.durable_exec import BaseDurabilityCapability
 from pydantic_ai.models import Model
 from pydantic_ai.tools import RunContext
+from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionToolset, WrapperToolset
 
 from ._errors import DurableError
 
-__all__ = ('PRIVATE_HOOKS', 'TESTED_PYDANTIC_AI', 'check_private_hooks', 'resolve_request_model')
+__all__ = (
+    'PRIVATE_HOOKS',
+    'TESTED_PYDANTIC_AI',
+    'check_private_hooks',
+    'name_capability_toolsets',
+    'resolve_request_model',
+)
 
 TESTED_PYDANTIC_AI = '2.62 to 2.68'
 """The pydantic-ai-slim releases CI runs the test suite against (docs/compatibility.md)."""
@@ -68,3 +79,33 @@ async def resolve_request_model(
     """The model a request with `model_id` goes to, resolved the way pydantic-ai resolves it for the request."""
     model: Model = await capability._resolve_model_for_request(model_id, ctx)
     return model
+
+
+def name_capability_toolsets(toolsets: Sequence[AbstractToolset[Any]]) -> None:
+    """Give each function toolset a capability contributed without an id the capability's id (WT-6).
+
+    pydantic-ai's durable layer names a toolset's steps after its id and refuses a toolset without one,
+    telling the user to set the capability's id; a capability that has one (`AskUser`'s is `"ask_user"`)
+    but does not pass it to its toolset would make the agent unusable under `Durable`. An id another
+    toolset of the agent already has is left alone, so pydantic-ai's own check still reports a clash.
+    """
+    nodes = list(toolsets)
+    leaves: list[AbstractToolset[Any]] = []
+    owned: list[tuple[AbstractCapability[Any], FunctionToolset[Any]]] = []
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, CombinedToolset):
+            nodes.extend(node.toolsets)
+        elif isinstance(node, WrapperToolset):
+            capability = getattr(node, 'capability', None)
+            if isinstance(capability, AbstractCapability) and isinstance(node.wrapped, FunctionToolset):
+                owned.append((capability, node.wrapped))
+            nodes.append(node.wrapped)
+        else:
+            leaves.append(node)
+    taken = {leaf.id for leaf in leaves if leaf.id is not None}
+    for capability, toolset in owned:
+        name = capability.id
+        if toolset.id is None and isinstance(name, str) and name not in taken:
+            toolset._id = name  # pyright: ignore[reportPrivateUsage]
+            taken.add(name)

@@ -18,6 +18,7 @@ __all__ = (
     'JournalUnavailable',
     'LeaseLost',
     'ReplayDiverged',
+    'ResolutionRefused',
 )
 
 
@@ -171,3 +172,17 @@ class ReplayDiverged(DurableError):
 
 class ConsoleRefused(DurableError, ValueError):
     """The console will not start as asked: it would serve the journal to others without a token (UI-4)."""
+
+
+class ResolutionRefused(DurableError, ValueError):
+    """A decision `resolve` cannot record: the execution is not waiting, the call is unknown, decided otherwise
+    already, or the decision does not fit the call (WT-2). Nothing was written.
+
+    `call_id` names the call at fault, or is `None` when the execution itself is the reason.
+    """
+
+    def __init__(self, key: str, call_id: str | None, reason: str) -> None:
+        self.key = key
+        self.call_id = call_id
+        self.reason = reason
+        super().__init__(f'Execution {key!r} cannot be resolved: {reason}. Nothing was recorded.')

@@ -36,6 +36,10 @@ CASES = {
         ['--n', '200', '--rounds', '1', *([] if POSTGRES else ['--no-postgres'])],
         'one key (the execution page)',
     ),
+    'waiting': (
+        ['--n', '20', '--agents', '3', *([] if POSTGRES else ['--no-postgres'])],
+        '21 waiting executions listed (21 pending calls',
+    ),
     'concurrency': (
         ['--n', '5', '--processes', '0', '--configs', 'bare,disk,postgres' if POSTGRES else 'bare,disk'],
         'one DiskJournal | 5 |',

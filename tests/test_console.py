@@ -223,7 +223,7 @@ def test_ui1_the_executions_page_counts_every_state_and_lists_the_rows(browser: 
     page = setup.read(lambda journal: journal.page_executions())
     for state, count in page.counts.items():  # a state no execution is in has no tab
         assert _texts(browser, f'#count-{state}') == ([str(count)] if count else [])
-    assert page.counts == {'running': 1, 'interrupted': 1, 'failed': 1, 'finished': 2, 'corrupt': 0}
+    assert page.counts == {'running': 1, 'interrupted': 1, 'waiting': 0, 'failed': 1, 'finished': 2, 'corrupt': 0}
     from selenium.webdriver.common.by import By
 
     rows = browser.find_elements(By.CSS_SELECTOR, 'tr.execution')

@@ -449,7 +449,20 @@ def _cli_surface(parser: argparse.ArgumentParser) -> tuple[set[str], set[str]]:
 
 def test_every_command_and_option_of_the_cli_is_documented() -> None:
     commands, options = _cli_surface(_build_parser('pydantic-ai-durable'))
-    assert commands == {'list', 'show', 'delete', 'prune', 'rekey', 'export', 'import', 'fork', 'serve'}
+    assert commands == {
+        'list',
+        'show',
+        'delete',
+        'prune',
+        'rekey',
+        'export',
+        'import',
+        'fork',
+        'approve',
+        'deny',
+        'complete',
+        'serve',
+    }
     block = _cli_block()
     assert [c for c in sorted(commands) if not re.search(rf'^\s+{c}\b', block, re.M)] == []
     assert [o for o in sorted(options) if not re.search(rf'{re.escape(o)}(?![\w-])', block)] == []

@@ -20,6 +20,7 @@ STATES = {
     'refund-1': 'finished',
     'refund-2': 'failed',
     'refund-3': None,  # no record at all, only an entry: interrupted
+    'refund-4': 'waiting',  # ended with tool calls that wait for a decision (WT-1)
 }
 
 
@@ -43,12 +44,12 @@ async def test_b17_a_page_counts_every_state_and_lists_the_last_changed_first(
     listed = await backend_journal.list_executions()
     page = await backend_journal.page_executions(limit=50)
     assert page.counts == {state: sum(info.state == state for info in listed) for state in EXECUTION_STATES}
-    assert page.counts == {'running': 1, 'interrupted': 2, 'failed': 2, 'finished': 3, 'corrupt': 0}
+    assert page.counts == {'running': 1, 'interrupted': 2, 'waiting': 1, 'failed': 2, 'finished': 3, 'corrupt': 0}
     assert [info.key for info in page.executions] == [held, *reversed(STATES)]
     by_key = {info.key: info for info in listed}
     for info in page.executions:  # the same facts as the whole listing, state, runs, steps and size included
         assert info == by_key[info.key]
-    assert page.total() == 8 and page.total('failed') == 2 and page.total(['running', 'finished']) == 4
+    assert page.total() == 9 and page.total('failed') == 2 and page.total(['running', 'finished']) == 4
 
 
 async def test_b17_a_page_filters_by_state_prefix_and_key_and_pages_by_offset(
@@ -60,16 +61,18 @@ async def test_b17_a_page_filters_by_state_prefix_and_key_and_pages_by_offset(
     running = await backend_journal.page_executions(state=['running', 'interrupted'])
     assert [info.key for info in running.executions] == [held, 'refund-3', 'order-3']
     refunds = await backend_journal.page_executions(prefix='refund-')
-    assert refunds.counts == {'running': 0, 'interrupted': 1, 'failed': 1, 'finished': 1, 'corrupt': 0}
-    assert [info.key for info in refunds.executions] == ['refund-3', 'refund-2', 'refund-1']
+    assert refunds.counts == {'running': 0, 'interrupted': 1, 'waiting': 1, 'failed': 1, 'finished': 1, 'corrupt': 0}
+    assert [info.key for info in refunds.executions] == ['refund-4', 'refund-3', 'refund-2', 'refund-1']
+    waiting = await backend_journal.page_executions(state='waiting')
+    assert [info.key for info in waiting.executions] == ['refund-4']
     one = await backend_journal.page_executions(key='order-1')
     assert [info.key for info in one.executions] == ['order-1'] and one.total() == 1
     alone = await backend_journal.page_executions(key=held)
     assert [info.state for info in alone.executions] == ['running'] and alone.counts['running'] == 1
     assert (await backend_journal.page_executions(key='order-')).total() == 0
-    pages: list[ExecutionPage] = [await backend_journal.page_executions(limit=3, offset=at) for at in (0, 3, 6)]
+    pages: list[ExecutionPage] = [await backend_journal.page_executions(limit=3, offset=at) for at in (0, 3, 6, 9)]
     seen = [info.key for page in pages for info in page.executions]
-    assert seen == [held, *reversed(STATES)]  # every execution once, in order, over three pages
+    assert seen == [held, *reversed(STATES)]  # every execution once, in order, over four pages
 
 
 @pytest.mark.parametrize('limit, offset', [(0, 0), (1001, 0), (10, -1)])
@@ -100,7 +103,7 @@ async def test_b17_a_postgres_schema_of_version_3_gets_the_status_of_every_recor
     dsn, schema = fresh_schema()
     journal = PostgresJournal(dsn, schema=schema)
     store = Operator(journal)
-    for key, status in (('a', 'finished'), ('b', 'failed'), ('c', 'running')):
+    for key, status in (('a', 'finished'), ('b', 'failed'), ('c', 'running'), ('d', 'waiting')):
         await store.write_execution(key, {'v': 1, 'key': key, 'runs': [], 'status': status})
     await journal.close()
     with psycopg.connect(dsn, autocommit=True) as conn:  # as a release before the status column left it
@@ -109,5 +112,5 @@ async def test_b17_a_postgres_schema_of_version_3_gets_the_status_of_every_recor
     upgraded = PostgresJournal(dsn, schema=schema)
     page = await upgraded.page_executions(state='failed')
     assert [info.key for info in page.executions] == ['b']
-    assert page.counts == {'running': 0, 'interrupted': 1, 'failed': 1, 'finished': 1, 'corrupt': 0}
+    assert page.counts == {'running': 0, 'interrupted': 1, 'waiting': 1, 'failed': 1, 'finished': 1, 'corrupt': 0}
     await upgraded.close()

@@ -1,10 +1,11 @@
-"""`python -m pydantic_ai_durable`: list, show, delete, prune, rekey, export, import, fork executions, serve (CLI-1).
+"""`python -m pydantic_ai_durable`: list, show, delete, prune, rekey, export, import, fork, resolve, serve (CLI-1).
 
 When a retry costs money again, a user needs to see what the journal held and where replay stopped,
 without writing code. The CLI only works on a journal that already exists: it never creates a
 directory or a database schema, so a mistyped path is reported instead of silently becoming an empty
 journal. Modules: `_parsing` (the command line), `_target` (opening the journal), `_render`, `_commands`, `_transfer`
-(export, import, fork, messages), `_serve` (the console, UI-1).
+(export, import, fork, messages), `_waiting` (approve, deny, complete, and the calls `show` lists), `_serve` (the
+console, UI-1).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ._render import escape
 from ._serve import serve_command
 from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, open_target
 from ._transfer import export_command, fork_command, import_command, messages_command
+from ._waiting import decide_command
 
 __all__ = ('EXIT_NOT_FOUND', 'EXIT_OK', 'EXIT_USAGE', 'main', 'parse_duration', 'run_order')
 
@@ -65,6 +67,17 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
             )
         if options.command == 'fork':
             return fork_command(target, options.key, options.new_key, options.at, as_json=options.json)
+        if options.command in ('approve', 'deny', 'complete'):
+            return decide_command(
+                target,
+                command,
+                options.key,
+                options.call_id,
+                message=getattr(options, 'message', None),
+                result=getattr(options, 'result', None),
+                by=options.by,
+                as_json=options.json,
+            )
         if options.command == 'delete':
             return delete_command(target, options.key, force=options.force, as_json=options.json)
         return prune_command(target, options.older_than, options.state, options.json)

@@ -25,6 +25,7 @@ from ..journals import (
     Journal,
     PostgresJournal,
     RunSnapshot,
+    deferred_calls,
     delete_under_lease,
     dumps,
     metadata_of,
@@ -33,6 +34,7 @@ from ..journals import (
 from ._parsing import Duration, run_order
 from ._render import cell, epoch, escape, local, plural, print_json, print_lines, quote, size, table, utc
 from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, Target, run_on
+from ._waiting import call_json, calls_lines, sealed_note
 
 __all__ = ('delete_command', 'list_command', 'prune_command', 'rekey_command', 'show_command')
 
@@ -93,6 +95,7 @@ def _info_json(info: ExecutionInfo) -> dict[str, Any]:
         'retain_until': utc(info.retain_until),
         'retain_until_epoch': info.retain_until,
         'problem': info.problem,
+        'pending': [call_json(call) for call in info.pending],
     }
 
 
@@ -108,7 +111,7 @@ def list_command(target: Target, states: tuple[ExecutionState, ...] | None, as_j
     rows = [
         [
             cell(info.key, _KEY_WIDTH),
-            cell(info.state, _KIND_WIDTH),
+            cell(f'{info.state} ({len(info.pending)})' if info.pending else info.state, _KIND_WIDTH),
             str(info.runs),
             str(info.steps),
             size(info.bytes),
@@ -263,6 +266,7 @@ def show_command(target: Target, key: str, as_json: bool) -> int:
                 'retain_until_epoch': found.retain_until,
                 'updated': utc(updated),
                 'updated_epoch': updated,
+                'calls': [call_json(call) for call in deferred_calls(record)],
                 'runs': [
                     {
                         'run': run,
@@ -287,8 +291,10 @@ def show_command(target: Target, key: str, as_json: bool) -> int:
         lines.append(f'metadata   {_metadata_text(metadata_of(record), 100)}')
     elif isinstance(record.get(SEALED), dict):
         lines.append(f'metadata   sealed (set ${KEYS_VARIABLE} to read it and the payloads)')
+    lines += sealed_note(found.record)
     if found.record is None:
         lines.append('           (no execution record: its runs cannot be listed)')
+    lines += calls_lines(found.record)
     for run, snapshot in found.runs:
         lines += ['', f'run {cell(run, 100)}']
         rows = _step_rows(snapshot)

@@ -97,7 +97,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog=prog,
-        description='Inspect a pydantic-ai-durable journal: list, show, delete, prune, export, import, fork, serve.',
+        description='Inspect a pydantic-ai-durable journal: list, show, delete, prune, export, import, fork, '
+        'decide the tool calls a waiting execution waits on, and serve the console.',
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -113,6 +114,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         ('export', 'write one execution to a JSON file, to import into any journal'),
         ('import', 'write an exported execution into the journal, all of it or nothing'),
         ('fork', 'copy the steps of an execution before a step to a new key, whose retry runs the rest live'),
+        ('approve', 'approve a tool call a waiting execution waits on; its next attempt runs the tool'),
+        ('deny', 'deny a tool call a waiting execution waits on; the model is told so'),
+        ('complete', 'give the result of a tool call a waiting execution waits on, from outside'),
         ('serve', 'serve the console in the browser (needs the extra console)'),
     ):
         sub[name] = commands.add_parser(name, help=help_text, description=help_text.capitalize() + '.')
@@ -165,9 +169,15 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     sub['delete'].add_argument(
         '--force', action='store_true', help='delete even while a live attempt holds the execution'
     )
+    for name in ('approve', 'deny', 'complete'):
+        sub[name].add_argument('key', metavar='KEY', help='the execution key')
+        sub[name].add_argument('call_id', metavar='CALL_ID', help='the tool call id, as show lists it')
+        sub[name].add_argument('--by', metavar='NAME', default=None, help='who decides (default: your user name)')
+    sub['deny'].add_argument('--message', metavar='TEXT', default=None, help='what the model is told')
+    sub['complete'].add_argument('--result', metavar='JSON', required=True, help="the tool's result, as JSON")
     states = {
-        'list': 'only executions in these states: running, interrupted, failed, finished, corrupt',
-        'prune': 'with --older-than: which states to delete (default finished; also interrupted, failed)',
+        'list': 'only executions in these states: running, interrupted, waiting, failed, finished, corrupt',
+        'prune': 'with --older-than: which states to delete (default finished; also interrupted, waiting, failed)',
     }
     for name, help_text in states.items():
         sub[name].add_argument('--state', metavar='STATE[,STATE]', type=_states_argument, default=None, help=help_text)

@@ -7,7 +7,8 @@ see it), `_step`, `_pool` (argument matching, DV-2), `_fences` (failure fences),
 a run), `_run` (what it reads and decides), `_retention` and `_attempt`; beside them, for job queues, `_sweep`
 (hands interrupted executions back) and `_retry` (when a task that met a busy, lost or failing journal runs
 again), and `_rekey` (rewrites every value under the current encryption key); `_export`, `_import`,
-`_transfer` (executions moved between journals, or forked) and `_conversation` (a run read back as messages).
+`_transfer` (executions moved between journals, or forked) and `_conversation` (a run read back as messages);
+`_waiting` (the calls an attempt's runs deferred) and `_resolve` (deciding them from anywhere, and deadlines).
 The rest of the package imports the names below from here.
 """
 
@@ -18,6 +19,7 @@ from ._fences import RunMeta
 from ._import import ImportReport
 from ._records import ENTRY_VERSION, Kind, latest_spend, missing_links, parse_entry, run_order
 from ._rekey import RekeyReport, rekey
+from ._resolve import Resolution, deny_overdue, describe, pending_calls, resolve_calls
 from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata
 from ._retry import retry_delay
 from ._run import DivergenceMode, Run, check_divergence_mode
@@ -25,6 +27,7 @@ from ._stats import Divergence, Stats, StepOutcome
 from ._step import STEP_OBSERVER, SimulatedCrash, Step, StepPoint, current_step
 from ._sweep import DISPATCHED, sweep_interrupted
 from ._transfer import copy_execution, export_execution, fork_execution, import_execution
+from ._waiting import Deferral, decisions_for, note_answered, note_deferred, still_waiting
 
 __all__ = (
     'DISPATCHED',
@@ -36,12 +39,14 @@ __all__ = (
     'STEP_OBSERVER',
     'Attempt',
     'CleanupMode',
+    'Deferral',
     'Divergence',
     'DivergenceMode',
     'ImportReport',
     'Kind',
     'Limits',
     'RekeyReport',
+    'Resolution',
     'Run',
     'RunMeta',
     'SimulatedCrash',
@@ -53,15 +58,23 @@ __all__ = (
     'check_metadata',
     'copy_execution',
     'current_step',
+    'decisions_for',
+    'deny_overdue',
+    'describe',
     'export_execution',
     'fork_execution',
     'import_execution',
     'latest_spend',
     'missing_links',
+    'note_answered',
+    'note_deferred',
     'parse_entry',
+    'pending_calls',
     'recorded_conversation',
     'rekey',
+    'resolve_calls',
     'retry_delay',
     'run_order',
+    'still_waiting',
     'sweep_interrupted',
 )

@@ -35,6 +35,7 @@ from ._retention import FROM_JOURNAL, check_metadata
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Stats
 from ._step import SimulatedCrash, current_step
+from ._waiting import still_waiting
 
 __all__ = ('Attempt', 'CleanupMode')
 
@@ -197,7 +198,9 @@ class Attempt:
 
     async def _finish_state(self, state: StoreHold, error: BaseException | None, *, patient: bool) -> None:
         journal = state.journal
-        if error is None and (self.cleanup == 'execution' or (self.cleanup == 'run' and not state.runs)):
+        if error is None and still_waiting(state.record):  # WT-1: kept, whatever the cleanup, out of retention's reach
+            await self._write_record(state, status='waiting', history=self._history(state, 'waiting'), patient=patient)
+        elif error is None and (self.cleanup == 'execution' or (self.cleanup == 'run' and not state.runs)):
 
             async def delete(epoch: int) -> bool:
                 await journal.delete_execution(self.key, epoch=epoch)
@@ -371,7 +374,9 @@ class Attempt:
         self.runs.append(run)
         return run
 
-    async def _write_record(self, state: StoreHold, **changes: Any) -> None:
+    async def _write_record(self, state: StoreHold, *, patient: bool = True, **changes: Any) -> None:
+        """Write the execution record with `changes`; `patient=False` tries a failing store once (the end of a
+        broken attempt). `patient` is how to write, never a field of the record."""
         async with state.lock:
             state.record.update(changes, runs=list(state.runs), updated=time.time())
             record = dict(state.record)
@@ -379,6 +384,7 @@ class Attempt:
                 state,
                 'the execution record',
                 lambda epoch: state.journal.write_execution(self.key, record, epoch=epoch),
+                patient=patient,
             )
 
     async def cleanup_run(self, run: Run) -> None:

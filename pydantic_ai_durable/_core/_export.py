@@ -47,7 +47,7 @@ _POSITION_LIMIT = 10_000_000
 _TOP_FIELDS = frozenset({'format', 'version', 'key', 'payloads', 'key_ids', 'exported', 'state', 'execution', 'runs'})
 _RUN_FIELDS = frozenset({'run', 'entries', 'records'})
 _ENTRY_FIELDS = frozenset({'position', 'entry'})
-_STATES = ('running', 'interrupted', 'failed', 'finished')
+_STATES = ('running', 'interrupted', 'waiting', 'failed', 'finished')
 
 
 @dataclass(frozen=True)

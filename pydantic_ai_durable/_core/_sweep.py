@@ -19,6 +19,7 @@ from .._errors import LeaseLost
 from .._runtime import end_holding, new_holder, start_holding
 from ..journals import ExecutionInfo, Journal
 from ._records import ENTRY_VERSION
+from ._resolve import deny_overdue
 
 __all__ = ('DISPATCHED', 'sweep_interrupted')
 
@@ -53,6 +54,7 @@ async def sweep_interrupted(
             f'idle must be a positive number of seconds, not {idle!r}: it is also how long a dispatch keeps '
             'other sweeps from dispatching the same execution again.'
         )
+    await deny_overdue(journal)  # WT-5: calls pending past their deadline are denied, whatever else the sweep does
     now = time.time()
     candidates = [
         info

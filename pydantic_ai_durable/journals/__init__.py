@@ -8,6 +8,12 @@ its private modules.
 from ._common import delete_under_lease as delete_under_lease
 from ._common import metadata_of as metadata_of
 from ._common import state_of as state_of
+from ._deferred import DEFERRED as DEFERRED
+from ._deferred import CallDecision, DeferredCall
+from ._deferred import CallKind as CallKind
+from ._deferred import decision_of as decision_of
+from ._deferred import deferred_calls as deferred_calls
+from ._deferred import pending_of as pending_of
 from ._dsn import mask_dsn as mask_dsn
 from ._dsn import scrub as scrub
 from ._json import dumps as dumps
@@ -28,6 +34,8 @@ from .memory import MemoryJournal
 from .postgres import PostgresJournal
 
 __all__ = (
+    'CallDecision',
+    'DeferredCall',
     'DiskJournal',
     'Encryption',
     'ExecutionInfo',

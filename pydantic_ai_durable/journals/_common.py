@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._errors import EncryptionMismatch, JournalCorrupt
 from .._runtime import end_holding, new_holder, start_holding
 from . import _json
+from ._deferred import DeferredCall, pending_of
 from ._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionPage, ExecutionState, Journal, Lease
 from ._sealing import Sealer
 
 __all__ = (
     'MAX_PAGE',
+    'Listed',
     'check_page',
     'delete_under_lease',
     'described',
@@ -45,6 +47,8 @@ def execution_id(key: str) -> str:
 def state_of(record: dict[str, Any] | None, *, leased: bool) -> ExecutionState:
     """Running while a live lease exists; otherwise what the last attempt said, `interrupted` if it said nothing.
 
+    A waiting execution holds no lease, so it is never taken for an interrupted one (WT-1).
+
     `leased` must be judged as the engine judges a takeover (the store's clock, and a holder the store can
     prove dead is not a live one), so a killed holder shows as `interrupted` exactly when a retry would take
     it over (FN-3).
@@ -54,24 +58,33 @@ def state_of(record: dict[str, Any] | None, *, leased: bool) -> ExecutionState:
     status = (record or {}).get('status')
     if status == 'finished':
         return 'finished'
+    if status == 'waiting':
+        return 'waiting'
     return 'failed' if status == 'failed' else 'interrupted'
 
 
-def listed(
-    sealer: Sealer, key: str, text: object, *, leased: bool, wanted: frozenset[ExecutionState]
-) -> tuple[ExecutionState, dict[str, Any] | None, str | None] | None:
+class Listed(NamedTuple):
+    """One execution as a listing shows it, from its stored record."""
+
+    state: ExecutionState
+    metadata: dict[str, Any] | None
+    problem: str | None
+    """Why the record could not be read (`corrupt`, or sealed under keys not given), else `None`."""
+    pending: tuple[DeferredCall, ...]
+    """For a waiting execution, the calls it still waits on (WT-1)."""
+
+
+def listed(sealer: Sealer, key: str, text: object, *, leased: bool, wanted: frozenset[ExecutionState]) -> Listed | None:
     """One execution as a listing shows it (see `described`); `None` when its state is not wanted."""
     record = _json.loads_record(text)
     if state_of(record, leased=leased) not in wanted and 'corrupt' not in wanted:
         return None  # sealed metadata is opened only for what is listed: a fleet's sweep decrypts no finished ones
     found = described(sealer, key, record, leased=leased)
-    return found if found[0] in wanted else None
+    return found if found.state in wanted else None
 
 
-def described(
-    sealer: Sealer, key: str, record: dict[str, Any] | None, *, leased: bool
-) -> tuple[ExecutionState, dict[str, Any] | None, str | None]:
-    """One execution's state, metadata and problem, from its stored record (`None`: none).
+def described(sealer: Sealer, key: str, record: dict[str, Any] | None, *, leased: bool) -> Listed:
+    """One execution's state, metadata, problem and pending calls, from its stored record (`None`: none).
 
     It is `corrupt` exactly when an attempt would refuse it: its sealed part fails authentication, or, in a
     journal given keys, it does not decode (EN-3); the reason goes with it, and the listing of every other
@@ -79,17 +92,16 @@ def described(
     it (B-3), and one the keys cannot open keeps its state; both say why in `problem`.
     """
     state = state_of(record, leased=leased)
-    metadata: dict[str, Any] | None = None
-    problem: str | None = None
     try:
-        metadata = metadata_of(sealer.open_execution(key, record))
-        if _json.undecoded(record):
-            problem = 'its execution record does not decode (it is not a JSON object); an attempt reads it as absent'
+        opened = sealer.open_execution(key, record)
     except JournalCorrupt as exc:
-        state, problem = 'corrupt', ' '.join(str(exc).split())
+        return Listed('corrupt', None, ' '.join(str(exc).split()), ())
     except EncryptionMismatch as exc:
-        problem = ' '.join(str(exc).split())
-    return state, metadata, problem
+        return Listed(state, None, ' '.join(str(exc).split()), ())
+    problem = None
+    if _json.undecoded(record):
+        problem = 'its execution record does not decode (it is not a JSON object); an attempt reads it as absent'
+    return Listed(state, metadata_of(opened), problem, pending_of(opened))
 
 
 def metadata_of(record: dict[str, Any] | None) -> dict[str, Any] | None:

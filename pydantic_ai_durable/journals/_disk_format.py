@@ -290,6 +290,46 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
             return False
         return True
 
+    def entry_sizes(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """How many entries, and how many bytes of JSON text, each `(execution digest, run)` holds: one scan.
+
+        A listing needs the counts of every execution (WT-1: ten thousand waiting ones list in under a
+        second); reading each position a head reserves would cost tens of reads per execution.
+        """
+        rows = self._con.execute(
+            "SELECT key, CASE WHEN mode = ? AND filename IS NULL AND typeof(value) = 'text' THEN length(value)"
+            " ELSE 0 END FROM Cache WHERE key GLOB '*/e/*' AND raw = 1",
+            (MODE_RAW,),
+        ).fetchall()
+        sizes: dict[tuple[str, str], tuple[int, int]] = {}
+        for key, size in rows:
+            parts = key.split('/') if isinstance(key, str) else []
+            if len(parts) != 4 or parts[1] != 'e':
+                continue
+            place = (parts[0], parts[2])
+            count, total = sizes.get(place, (0, 0))
+            sizes[place] = (count + 1, total + int(size or 0))
+        return sizes
+
+    def execution_rows(self, suffix: str) -> dict[str, Any]:
+        """Every execution's row `<eid>/<suffix>` (head `h`, record `x`, lease `l`) by digest, in one scan."""
+        rows = self._con.execute(
+            'SELECT key, mode, filename, value FROM Cache WHERE key GLOB ? AND raw = 1', (f'*/{suffix}',)
+        ).fetchall()
+        found: dict[str, Any] = {}
+        for key, mode, filename, value in rows:
+            if not isinstance(key, str) or key.count('/') != 1:
+                continue
+            ok = mode == MODE_RAW and filename is None and type(value) is str
+            found[key.split('/', 1)[0]] = value if ok else self._disk.fetch(mode, filename, value, False)
+        return found
+
+    def report_foreign_keys(self) -> None:
+        """Report (once per kind) a row whose key this format never writes: listing used to meet it key by key."""
+        row = self._con.execute("SELECT key, raw FROM Cache WHERE raw != 1 OR typeof(key) != 'text' LIMIT 1").fetchone()
+        if row is not None:
+            self._disk.get(row[0], bool(row[1]))  # refuses it, never loads it (a pickled key is not unpickled)
+
     def leases_naming(self, fragment: str, *, besides: str) -> bool:
         """Whether a lease row (`<eid>/l`) other than `besides` holds `fragment`, a holder's process token."""
         row = self._con.execute(

@@ -108,11 +108,11 @@ class Heads:
     def every(cache: Any) -> dict[str, dict[str, Any]]:
         """The head of every execution in the journal, by execution digest."""
         heads: dict[str, dict[str, Any]] = {}
-        for item in cache.iterkeys():
-            if isinstance(item, str) and item.endswith('/h') and item.count('/') == 1:
-                head = _json.loads_dict(cache.get(item))
-                if head is not None and isinstance(head.get('key'), str):
-                    heads[item[:-2]] = head
+        cache.report_foreign_keys()
+        for eid, text in cache.execution_rows('h').items():  # one scan, not a read per execution
+            head = _json.loads_dict(text)
+            if head is not None and isinstance(head.get('key'), str):
+                heads[eid] = head
         return heads
 
 

@@ -49,7 +49,12 @@ class Held:
 
 
 def read_lease(cache: Any, eid: str) -> Held | None:
-    stored = _json.loads_dict(cache.read_text(f'{eid}/l'))
+    return parse_lease(cache.read_text(f'{eid}/l'))
+
+
+def parse_lease(text: Any) -> Held | None:
+    """A stored lease row, or `None` for none (or one of an unknown shape)."""
+    stored = _json.loads_dict(text)
     if stored is None or not isinstance(stored.get('holder'), str):
         return None
     epoch, expires, until, boot = (stored.get(name) for name in ('epoch', 'expires_at', 'until', 'boot'))
@@ -97,7 +102,11 @@ def proved_dead(path: Path, holder: str) -> bool:
 
 def held_alive(path: Path, cache: Any, eid: str) -> bool:
     """Whether a holder the engine would not take over holds the execution now (FN-3)."""
-    held = read_lease(cache, eid)
+    return alive(path, read_lease(cache, eid))
+
+
+def alive(path: Path, held: Held | None) -> bool:
+    """Whether `held`, a lease read from the store, is one the engine would not take over now (FN-3)."""
     if held is None or not held.live(time.time(), local_clock(), boot_id()):
         return False
     return not proved_dead(path, held.holder)

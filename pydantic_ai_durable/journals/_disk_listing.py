@@ -20,7 +20,7 @@ from typing import Any
 from . import _json
 from ._common import check_page, described, execution_id, wanted_states
 from ._disk_leases import held_alive
-from ._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionPage, ExecutionState
+from ._protocol import EXECUTION_STATES, RECORDED_STATES, ExecutionInfo, ExecutionPage, ExecutionState
 from ._sealing import Sealer
 
 __all__ = ('Listing',)
@@ -46,7 +46,7 @@ def _record_status() -> str:
 
 def _bucket(status: object) -> str:
     """The state of an execution no live lease holds, from the status its record holds (FN-3)."""
-    return str(status) if status in ('finished', 'failed') else 'interrupted'
+    return str(status) if status in RECORDED_STATES else 'interrupted'
 
 
 class Listing:
@@ -100,17 +100,18 @@ class Listing:
         steps, size = self.steps(eid)
         retain_until = head.get('retain_until')
         updated = head.get('updated')
-        state, metadata, problem = described(self._sealer, head['key'], _json.loads_record(stored), leased=leased)
+        shown = described(self._sealer, head['key'], _json.loads_record(stored), leased=leased)
         return ExecutionInfo(
             key=head['key'],
             runs=sum(isinstance(run, dict) for run in head['runs'].values()),
             steps=steps,
             bytes=size + (len(stored) if isinstance(stored, str) else 0),
-            state=state,
+            state=shown.state,
             updated=float(updated) if isinstance(updated, (int, float)) else 0.0,
-            metadata=metadata,
+            metadata=shown.metadata,
             retain_until=float(retain_until) if isinstance(retain_until, (int, float)) else None,
-            problem=problem,
+            problem=shown.problem,
+            pending=shown.pending,
         )
 
     def leased(self) -> list[str]:
@@ -142,12 +143,12 @@ class Listing:
         return where, params
 
     def counts(self, prefix: str, eid: str | None) -> dict[str, int]:
-        """How many matching executions are in each state no lease changes (`finished`, `failed`, `interrupted`).
+        """How many matching executions are in each state no lease changes (`RECORDED_STATES` and `interrupted`).
 
         One pass over the heads' index; the heads that do not carry the status (written before they did)
         take a second pass that reads their records.
         """
-        counts = {'finished': 0, 'failed': 0, 'interrupted': 0}
+        counts: dict[str, int] = dict.fromkeys((*RECORDED_STATES, 'interrupted'), 0)
         missing = 0
         params = self._matching(prefix, eid, False)[1]
 
@@ -199,13 +200,15 @@ class Listing:
         """
         params = self._matching(prefix, eid, False)[1]
         held = json.dumps(sorted(alive))
-        statuses = json.dumps(sorted(state for state in wanted if state in ('finished', 'failed')))
+        statuses = json.dumps(sorted(state for state in wanted if state in RECORDED_STATES))
+        recorded = json.dumps(RECORDED_STATES)
 
         def page(safe: bool) -> str:
             where = self._matching(prefix, eid, safe)[0]
             status = f'coalesce({_field("status", "h", safe)}, {_record_status()})'
             stored = (
-                "(st IN (SELECT value FROM json_each(?)) OR (? AND (st IS NULL OR st NOT IN ('finished', 'failed'))))"
+                '(st IN (SELECT value FROM json_each(?)) OR '
+                '(? AND (st IS NULL OR st NOT IN (SELECT value FROM json_each(?)))))'
             )
             return (
                 f'SELECT eid, value FROM (SELECT {_EID} AS eid, h.value AS value, h.store_time AS t, h.key AS k, '
@@ -215,7 +218,7 @@ class Listing:
                 'ORDER BY t DESC, k DESC LIMIT ? OFFSET ?'
             )
 
-        asked = (held, 'running' in wanted, held, statuses, 'interrupted' in wanted, limit, offset)
+        asked = (held, 'running' in wanted, held, statuses, 'interrupted' in wanted, recorded, limit, offset)
         return [(found, text) for found, text in self._query(page, (*params, *asked)) if isinstance(found, str)]
 
     def steps(self, eid: str) -> tuple[int, int]:

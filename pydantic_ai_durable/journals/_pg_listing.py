@@ -17,7 +17,7 @@ from . import _json
 from ._common import check_page, described, execution_id, listed, wanted_states
 from ._pg_sql import Sql
 from ._pg_values import key_bytes, key_text
-from ._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionPage, ExecutionState
+from ._protocol import EXECUTION_STATES, RECORDED_STATES, ExecutionInfo, ExecutionPage, ExecutionState
 from ._sealing import Sealer
 
 if TYPE_CHECKING:
@@ -61,7 +61,12 @@ async def read_page(
     wanted = wanted_states(state)
     check_page(limit, offset)
     low = key_bytes(prefix)
-    params: dict[str, Any] = {'eid': execution_id(key) if key is not None else None, 'low': low, 'high': _after(low)}
+    params: dict[str, Any] = {
+        'eid': execution_id(key) if key is not None else None,
+        'low': low,
+        'high': _after(low),
+        'recorded': list(RECORDED_STATES),
+    }
     counts: dict[ExecutionState, int] = dict.fromkeys(EXECUTION_STATES, 0)
     for bucket, holder, count in await (await conn.execute(sql.page_counts, params)).fetchall():
         running = holder is not None and not ours_and_ended(holder)
@@ -69,7 +74,7 @@ async def read_page(
         counts[found] += int(count)
     params.update(
         running='running' in wanted,
-        statuses=[name for name in wanted if name in ('finished', 'failed')],
+        statuses=[name for name in wanted if name in RECORDED_STATES],
         interrupted='interrupted' in wanted,
         limit=limit,
         offset=offset,
@@ -89,7 +94,7 @@ async def read_page(
         if name is None:
             continue
         leased_alive = bool(leased) and not ours_and_ended(holder or '')
-        state, metadata, problem = described(sealer, name, _json.loads_record(text), leased=leased_alive)
+        shown = described(sealer, name, _json.loads_record(text), leased=leased_alive)
         runs, steps, size = sizes.get(eid, [0, 0, 0])
         infos.append(
             ExecutionInfo(
@@ -97,11 +102,12 @@ async def read_page(
                 runs=runs,
                 steps=steps,
                 bytes=size + (len(text) if isinstance(text, str) else 0),
-                state=state,
+                state=shown.state,
                 updated=float(updated) if updated is not None else 0.0,
-                metadata=metadata,
+                metadata=shown.metadata,
                 retain_until=float(retain_until) if retain_until is not None else None,
-                problem=problem,
+                problem=shown.problem,
+                pending=shown.pending,
             )
         )
     return ExecutionPage(infos, counts)
@@ -121,18 +127,18 @@ def listing(rows: list[tuple[Any, ...]], sealer: Sealer, wanted: frozenset[Execu
         shown = listed(sealer, key, text, leased=live, wanted=wanted) if key is not None else None
         if key is None or shown is None:
             continue
-        found, metadata, problem = shown
         infos.append(
             ExecutionInfo(
                 key=key,
                 runs=int(runs),
                 steps=int(steps),
                 bytes=int(size),
-                state=found,
+                state=shown.state,
                 updated=float(updated) if updated is not None else 0.0,
-                metadata=metadata,
+                metadata=shown.metadata,
                 retain_until=float(retain_until) if retain_until is not None else None,
-                problem=problem,
+                problem=shown.problem,
+                pending=shown.pending,
             )
         )
     return sorted(infos, key=lambda info: info.key)

@@ -172,15 +172,14 @@ class Sql:
             'AND (%(eid)s::text IS NULL OR eid = %(eid)s) '
             'AND key >= %(low)s AND (%(high)s::bytea IS NULL OR key < %(high)s)'
         )
-        bucket = "CASE WHEN status IN ('finished', 'failed') THEN status ELSE 'interrupted' END"
+        bucket = "CASE WHEN status = ANY(%(recorded)s) THEN status ELSE 'interrupted' END"
         self.page_counts: LiteralString = (
             f'SELECT {bucket}, CASE WHEN {live} THEN lease_holder END, count(*) FROM {s}.executions '
             f'WHERE {listed} GROUP BY 1, 2'
         )
         # The states are tested on the status column as it is, so the last-update index serves the order.
         stored = (
-            '(status = ANY(%(statuses)s) OR '
-            "(%(interrupted)s AND (status IS NULL OR status NOT IN ('finished', 'failed'))))"
+            '(status = ANY(%(statuses)s) OR (%(interrupted)s AND (status IS NULL OR NOT status = ANY(%(recorded)s))))'
         )
         self.page_rows: LiteralString = (
             f'SELECT eid, key, record, {live}, lease_holder, retain_until, updated FROM {s}.executions '

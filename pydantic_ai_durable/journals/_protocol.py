@@ -11,8 +11,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ._deferred import DeferredCall
+
 __all__ = (
     'EXECUTION_STATES',
+    'RECORDED_STATES',
     'ExecutionInfo',
     'ExecutionPage',
     'ExecutionState',
@@ -22,12 +25,15 @@ __all__ = (
     'RunSnapshot',
 )
 
-ExecutionState = Literal['running', 'interrupted', 'failed', 'finished', 'corrupt']
+ExecutionState = Literal['running', 'interrupted', 'waiting', 'failed', 'finished', 'corrupt']
 """`running`: a live lease; `interrupted`: started, not finished, no live lease (its process died or lost
-the journal); `failed`: the last attempt ended with an exception; `finished`: the last attempt succeeded;
-`corrupt`: its execution record does not decode or fails authentication, so nothing of it runs (B-6)."""
+the journal); `waiting`: the last attempt ended with tool calls waiting for a decision (WT-1); `failed`: the
+last attempt ended with an exception; `finished`: the last attempt succeeded; `corrupt`: its execution
+record does not decode or fails authentication, so nothing of it runs (B-6)."""
 
-EXECUTION_STATES: tuple[ExecutionState, ...] = ('running', 'interrupted', 'failed', 'finished', 'corrupt')
+EXECUTION_STATES: tuple[ExecutionState, ...] = ('running', 'interrupted', 'waiting', 'failed', 'finished', 'corrupt')
+RECORDED_STATES: tuple[ExecutionState, ...] = ('waiting', 'failed', 'finished')
+"""The states a record says by its status alone, when no live lease holds it; any other status is `interrupted`."""
 FINISHED: tuple[ExecutionState, ...] = ('finished',)
 """What `prune` deletes unless told otherwise."""
 
@@ -82,6 +88,8 @@ class ExecutionInfo:
     """The JSON object `execution(key, metadata=...)` stored with the execution, if any."""
     retain_until: float | None = None
     """For a finished execution: epoch seconds after which retention deletes it (`None`: kept until pruned)."""
+    pending: tuple[DeferredCall, ...] = ()
+    """For a waiting execution: the tool calls it still waits on, read from its record alone (WT-1)."""
     problem: str | None = None
     """Why its record could not be read: set for a `corrupt` execution, and for one sealed under keys not given."""
 
@@ -112,9 +120,10 @@ class Journal(Protocol):
     when the store cannot be read; a stored value that does not decode comes back as `None` (or
     whatever non-dict it decodes to), which the core reads as a miss and reports once (J-3, B-3).
     Calls come from any event loop of the process: the user's, and the package's background loop,
-    which renews leases (CC-2). A backend reads two fields of the execution record it stores: `status`
-    (`running`, `failed`, `finished`) for listing, and for a finished execution `retention` (seconds, or
-    `None`), from which it keeps, by its own clock, when retention deletes it (FN-2).
+    which renews leases (CC-2). A backend reads three fields of the execution record it stores: `status`
+    (`running`, `waiting`, `failed`, `finished`) for listing, for a finished execution `retention` (seconds,
+    or `None`), from which it keeps, by its own clock, when retention deletes it (FN-2), and for a waiting
+    one the calls it waits on (`_deferred`, WT-1).
     """
 
     async def open(self) -> None:

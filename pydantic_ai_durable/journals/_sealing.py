@@ -35,8 +35,9 @@ _ENTRY_CLEAR = frozenset({'v', 'name', 'kind', 't', 'a', 's', 'matched', 'origin
 """What an entry keeps in clear: how the CLI names and dates a step, never what it was asked or returned.
 Fingerprints are sealed too: a digest of a short secret (a PIN in a prompt, a tool argument) is a dictionary
 lookup away, and the engine only compares them once the entry is open (EN-1)."""
-_EXECUTION_SEALED = frozenset({'metadata'})
-"""What an execution record seals: the rest is bookkeeping every backend reads (status, retention, runs)."""
+_EXECUTION_SEALED = frozenset({'metadata', 'deferred'})
+"""What an execution record seals: the rest is bookkeeping every backend reads (status, retention, runs); the calls
+it waits on, with their arguments and decisions, are the user's data (WT-1)."""
 _KEY_ID = re.compile(r'[A-Za-z0-9_.-]{1,64}')
 _NONCE = 12
 

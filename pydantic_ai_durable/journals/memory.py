@@ -158,18 +158,18 @@ class MemoryJournal:
                 shown = listed(self._sealer, key, stored.record, leased=stored.leased(now), wanted=wanted)
                 if shown is None:
                     continue
-                found, metadata, problem = shown
                 infos.append(
                     ExecutionInfo(
                         key=key,
                         runs=len(stored.runs),
                         steps=sum(len(run.entries) for run in stored.runs.values()),
                         bytes=sum(len(text) for text in texts) + len(stored.record or ''),
-                        state=found,
+                        state=shown.state,
                         updated=stored.updated,
-                        metadata=metadata,
+                        metadata=shown.metadata,
                         retain_until=stored.retain_until,
-                        problem=problem,
+                        problem=shown.problem,
+                        pending=shown.pending,
                     )
                 )
         return sorted(infos, key=lambda info: info.key)

@@ -1,0 +1,185 @@
+"""The CLI for executions that wait: `approve`, `deny`, `complete`, and what `show` prints of the calls (WT-2).
+
+An operator decides a call with the key and the call id alone, from any shell that reaches the journal;
+the decision goes through the journal core's `resolve_calls`, fenced under a lease like every write, so
+the CLI and a web handler decide the same way. `show` lists the calls an execution waits on and the
+audit trail of those decided: who, when, and how.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import time
+from typing import Any
+
+from .._core import Resolution, resolve_calls
+from .._errors import ExecutionBusy, ResolutionRefused
+from ..journals import KEYS_VARIABLE, SEALED, CallDecision, DeferredCall, deferred_calls
+from ._render import cell, local, plural, print_json, print_lines, quote, table, utc
+from ._target import EXIT_OK, EXIT_USAGE, Failure, Target, run_on
+
+__all__ = ('call_json', 'calls_lines', 'decide_command', 'default_resolver', 'sealed_note')
+
+_ARGS_WIDTH = 60
+
+
+def default_resolver() -> str | None:
+    """Who decides when `--by` is not given: the operating system's user name, if it has one."""
+    try:
+        return getpass.getuser()
+    except Exception:
+        return None
+
+
+def _decision(command: str, message: str | None, result: str | None, by: str | None) -> CallDecision:
+    now = time.time()
+    if command == 'approve':
+        return CallDecision('approved', now, by)
+    if command == 'deny':
+        return CallDecision('denied', now, by, message=message or 'The tool call was denied.')
+    try:
+        value = json.loads(result or '')
+    except ValueError as exc:
+        raise Failure(f'--result must be JSON (quote a string as \'"text"\'): {exc}', EXIT_USAGE) from None
+    return CallDecision('result', now, by, value=value)
+
+
+def decide_command(
+    target: Target,
+    command: str,
+    key: str,
+    call_id: str,
+    *,
+    message: str | None,
+    result: str | None,
+    by: str | None,
+    as_json: bool,
+) -> int:
+    """`approve`, `deny` or `complete` one call of a waiting execution (WT-2)."""
+    decision = _decision(command, message, result, by if by is not None else default_resolver())
+
+    async def decide(journal: Any) -> Resolution:
+        try:
+            return await resolve_calls(journal, key, {call_id: decision})
+        except (ResolutionRefused, ExecutionBusy) as exc:
+            raise Failure(' '.join(str(exc).split())) from None
+
+    resolution = run_on(target, decide)
+    if as_json:
+        print_json(
+            {
+                'key': resolution.key,
+                'decided': list(resolution.decided),
+                'unchanged': list(resolution.unchanged),
+                'pending': list(resolution.pending),
+                'completed': resolution.completed,
+            }
+        )
+        return EXIT_OK
+    verb = {'approve': 'approved', 'deny': 'denied', 'complete': 'completed'}[command]
+    done = 'already ' + verb if resolution.unchanged else verb
+    left = (
+        f'still waiting on {plural(len(resolution.pending), "call")}: '
+        + ', '.join(cell(c, 40) for c in resolution.pending)
+        if resolution.pending
+        else 'nothing is pending: its next attempt goes on with the decisions'
+    )
+    print_lines([f'{done} call {cell(call_id, 60)} of execution {quote(key)}; {left}'])
+    return EXIT_OK
+
+
+def call_json(call: DeferredCall) -> dict[str, Any]:
+    """A deferred call as `show --json` and `list --json` print it."""
+    decision = call.decision
+    return {
+        'call_id': call.call_id,
+        'tool': call.tool_name,
+        'kind': call.kind,
+        'run': call.run,
+        'arguments': call.arguments,
+        'metadata': call.metadata,
+        'tool_metadata': call.tool_metadata,
+        'request': call.request,
+        'since': utc(call.since),
+        'deadline': utc(call.deadline),
+        'pending': call.pending,
+        'answered_in': call.answered_in,
+        'decision': None
+        if decision is None
+        else {**decision.as_record(), 'at': utc(decision.at), 'at_epoch': decision.at},
+    }
+
+
+def calls_lines(record: dict[str, Any] | None) -> list[str]:
+    """What `show` prints of the calls an execution deferred: those pending, then the audit trail of the others."""
+    calls = deferred_calls(record)
+    if not calls:
+        return []
+    pending = [call for call in calls if call.pending]
+    lines: list[str] = []
+    if pending:
+        lines += ['', f'waiting on {plural(len(pending), "call")}']
+        rows = [
+            [
+                cell(call.call_id, 40),
+                cell(call.tool_name, 40),
+                call.kind,
+                local(call.since),
+                local(call.deadline) if call.deadline is not None else 'none',
+                cell(json.dumps(call.arguments, ensure_ascii=False, separators=(',', ':')), _ARGS_WIDTH),
+            ]
+            for call in pending
+        ]
+        lines += table(['CALL', 'TOOL', 'KIND', 'SINCE', 'DEADLINE', 'ARGUMENTS'], rows, right=set(), indent='  ')
+        for call in pending:
+            lines += _questions(call)
+    if not pending and (record or {}).get('status') == 'waiting':
+        lines += ['', 'every call it waited on is decided: its next attempt goes on with the decisions']
+    decided = [call for call in calls if not call.pending]
+    if decided:
+        lines += ['', 'decided']
+        for call in sorted(decided, key=lambda c: c.decision.at if c.decision else c.since):
+            lines.append(f'  {cell(call.call_id, 40)} ({cell(call.tool_name, 40)}): {_outcome(call)}')
+    return lines
+
+
+def _outcome(call: DeferredCall) -> str:
+    decision = call.decision
+    if decision is None:
+        return f'answered by run {cell(call.answered_in or "?", 40)} (the app passed its result)'
+    what = {'approved': 'approved', 'denied': 'denied', 'result': 'completed'}[decision.kind]
+    if decision.via == 'deadline':
+        what = 'denied when its deadline passed'
+    text = f'{what}{f" by {cell(decision.by, 40)}" if decision.by else ""} at {local(decision.at)}'
+    if decision.kind == 'denied' and decision.message:
+        text += f': {cell(decision.message, 80)}'
+    elif decision.kind == 'result':
+        text += f': {cell(json.dumps(decision.value, ensure_ascii=False), 80)}'
+    elif decision.override_args is not None:
+        text += f' with arguments {cell(json.dumps(decision.override_args, ensure_ascii=False), 80)}'
+    return text
+
+
+def _questions(call: DeferredCall) -> list[str]:
+    """The questions of an `AskUser` call, as the person will be asked them (WT-6)."""
+    questions = (call.request or {}).get('questions')
+    if not isinstance(questions, list):
+        return []
+    lines = [f'  {cell(call.call_id, 40)} asks:']
+    for question in questions:
+        if not isinstance(question, dict):
+            continue
+        options = [o.get('label') for o in question.get('options', []) if isinstance(o, dict)]
+        labels = ' | '.join(cell(str(label), 40) for label in options)
+        many = ' (several)' if question.get('multi_select') else ''
+        lines.append(f'    {cell(str(question.get("header")), 30)}: {cell(str(question.get("question")), 80)}')
+        lines.append(f'      [{labels}]{many}')
+    return lines
+
+
+def sealed_note(record: dict[str, Any] | None) -> list[str]:
+    """For a waiting execution whose calls are encrypted and no keys were given."""
+    if (record or {}).get('status') == 'waiting' and isinstance((record or {}).get(SEALED), dict):
+        return [f'calls      encrypted (set ${KEYS_VARIABLE} to read and decide them)']
+    return []

@@ -1,0 +1,239 @@
+"""Deciding deferred calls from anywhere: `resolve_calls`, `pending_calls` and the deadline pass (WT-2, WT-5).
+
+A web handler or a script decides a call with the journal and the execution key alone: no agent, no history.
+The decision is written into the execution record under a lease of the resolver's own, so it is fenced like
+any write (B-9), and a resolver never writes while an attempt runs: it waits for the attempt to end (one that
+starts while calls are pending ends waiting again at once), and a later attempt applies it. The checks and
+the write happen under that lease, so two resolvers of one call are serialised: the first decision stands,
+the same decision again is accepted, a different one is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import EncryptionMismatch, ExecutionBusy, LeaseLost, ResolutionRefused
+from .._runtime import end_holding, new_holder, start_holding
+from ..journals import DEFERRED, SEALED, CallDecision, DeferredCall, Journal, deferred_calls, metadata_of, state_of
+from ._records import ENTRY_VERSION
+
+__all__ = ('Resolution', 'deny_overdue', 'pending_calls', 'resolve_calls')
+
+log = logging.getLogger('pydantic_ai_durable')
+
+_RESOLVE_TTL = 5.0
+"""Seconds a resolver holds the execution: long enough to read and write one record, short if it dies."""
+_POLL_FIRST = 0.05
+_POLL_MAX = 0.5
+
+_ALLOWED = {'approval': ('approved', 'denied'), 'external': ('result', 'denied')}
+"""What each kind of call may be decided as: an outside result can be refused (the tool failed), not approved."""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What one call of `resolve` did, and what the execution still waits on (WT-2).
+
+    `completed` says this resolution decided the execution's last pending call: a dispatcher that starts the
+    execution again acts on it, and only one resolver of an execution ever sees it for one wait.
+    """
+
+    key: str
+    decided: tuple[str, ...]
+    """The call ids this resolution decided."""
+    unchanged: tuple[str, ...]
+    """The call ids it named that were already decided the same way (accepted, nothing written for them)."""
+    pending: tuple[str, ...]
+    """The call ids the execution still waits on."""
+    metadata: dict[str, Any] | None = None
+    """The execution's metadata (`execution(key, metadata=...)`): what a worker needs to start it again."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether nothing is pending any more: the next attempt of the execution goes on."""
+        return not self.pending
+
+    @property
+    def completed(self) -> bool:
+        """Whether this resolution decided the last pending call (WT-2)."""
+        return self.ready and bool(self.decided)
+
+
+async def pending_calls(journal: Journal, key: str, *, decided: bool = False) -> list[DeferredCall]:
+    """The calls execution `key` waits on, oldest first; with `decided=True`, also those already decided.
+
+    Read from the execution record alone, with no lease taken: a console or a web handler lists them as
+    often as it likes. An unknown key has none.
+    """
+    record = await journal.read_execution(key)
+    _check_open(key, record)
+    calls = deferred_calls(record)
+    if decided:
+        return calls
+    if (record or {}).get('status') != 'waiting':
+        return []
+    return [call for call in calls if call.pending]
+
+
+def _check_open(key: str, record: dict[str, Any] | None) -> None:
+    if isinstance(record, dict) and SEALED in record:
+        raise EncryptionMismatch(
+            f'Execution {key!r}: its record is encrypted and this journal was given no keys, so the calls it waits '
+            'on cannot be read or decided. Pass encryption=Encryption({...}) to the journal (the CLI reads '
+            '$PYDANTIC_AI_DURABLE_KEYS).',
+            key=key,
+            where='the execution record',
+        )
+
+
+async def resolve_calls(
+    journal: Journal, key: str, decisions: Mapping[str, CallDecision], *, wait: float = 10.0
+) -> Resolution:
+    """Record `decisions` (by tool call id) for the calls execution `key` waits on, all of them or none (WT-2).
+
+    Waits up to `wait` seconds for an attempt that holds the execution to end, then raises `ExecutionBusy`.
+    Raises `ResolutionRefused` when the execution is not waiting, a call id is not one it waits on, a call is
+    decided differently already, or a decision does not fit the call's kind. Nothing is written then.
+    """
+    if not decisions:
+        raise ValueError('resolve() needs at least one decision: approvals={call_id: ...} or results={call_id: ...}.')
+    holder = new_holder()
+    start_holding(holder)
+    try:
+        deadline = time.monotonic() + max(0.0, wait)
+        delay = _POLL_FIRST
+        while True:
+            lease = await journal.acquire_lease(key, holder, _RESOLVE_TTL)
+            if lease.holder == holder:
+                break
+            if time.monotonic() >= deadline:
+                raise ExecutionBusy(key, holder=lease.holder, expires_at=lease.expires_at)
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, _POLL_MAX)
+        try:
+            return await _decide(journal, key, decisions, lease.epoch)
+        finally:
+            await journal.release_lease(key, holder, lease.epoch)
+    finally:
+        end_holding(holder)
+
+
+async def _decide(journal: Journal, key: str, decisions: Mapping[str, CallDecision], epoch: int) -> Resolution:
+    record = await journal.read_execution(key)
+    _check_open(key, record)
+    if not isinstance(record, dict) or record.get('v') != ENTRY_VERSION:
+        raise ResolutionRefused(
+            key, None, f'there is no execution {key!r} in {journal!r}' if record is None else 'its record is unreadable'
+        )
+    status = state_of(record, leased=False)
+    if status != 'waiting':
+        raise ResolutionRefused(key, None, _not_waiting(status))
+    calls = {call.call_id: call for call in deferred_calls(record)}
+    changes: dict[str, CallDecision] = {}
+    unchanged: list[str] = []
+    for call_id, decision in decisions.items():
+        call = calls.get(call_id)
+        if call is None:
+            waits = ', '.join(f'{c.call_id} ({c.tool_name})' for c in calls.values() if c.pending) or 'nothing'
+            raise ResolutionRefused(key, call_id, f'it has no deferred call {call_id!r}; it waits on {waits}')
+        if decision.kind not in _ALLOWED[call.kind]:
+            wanted = 'approve or deny it' if call.kind == 'approval' else 'give its result, or deny it'
+            raise ResolutionRefused(
+                key, call_id, f'call {call_id!r} ({call.tool_name}) waits for an {call.kind} decision: {wanted}'
+            )
+        if call.earlier is not None:
+            raise ResolutionRefused(
+                key,
+                call_id,
+                f'call {call_id!r} ({call.tool_name}) was decided, then deferred again for an {call.kind} decision, '
+                'which pydantic-ai asks for only in a new run: answer it by running the agent with the message '
+                'history and DeferredToolResults for it',
+            )
+        if call.answered_in is not None:
+            raise ResolutionRefused(key, call_id, f'call {call_id!r} was answered by run {call.answered_in} already')
+        if call.decision is not None:
+            if call.decision.same_as(decision):
+                unchanged.append(call_id)
+                continue
+            raise ResolutionRefused(key, call_id, f'call {call_id!r} was decided already: {describe(call.decision)}')
+        changes[call_id] = decision
+    if changes:
+        stored = dict(record[DEFERRED])
+        for call_id, decision in changes.items():
+            stored[call_id] = {**stored[call_id], 'decision': decision.as_record()}
+        written = {**record, DEFERRED: stored, 'updated': time.time()}
+        try:
+            ok = await journal.write_execution(key, written, epoch=epoch)
+        except LeaseLost as lost:
+            raise ExecutionBusy(key, holder=lost.holder or 'another attempt', expires_at=time.time()) from lost
+        if not ok:
+            raise ResolutionRefused(key, None, 'the decision cannot be stored as JSON')
+        record = written
+        for call_id, decision in changes.items():
+            log.info('Execution %r: call %s was %s.', key, call_id, describe(decision))
+    pending = tuple(call.call_id for call in deferred_calls(record) if call.pending)
+    return Resolution(key, tuple(changes), tuple(unchanged), pending, metadata_of(record))
+
+
+def _not_waiting(status: str) -> str:
+    if status == 'finished':
+        return 'it is finished: nothing waits for a decision'
+    if status == 'failed':
+        return 'its last attempt failed; retry it, and resolve the calls it waits on once it ends waiting'
+    return (
+        f'it is {status}, not waiting: its last attempt stopped before it ended waiting; run it again (it replays '
+        'up to the same wait without calling the model) and resolve its calls then'
+    )
+
+
+def describe(decision: CallDecision) -> str:
+    """A decision in a sentence: `approved by alice at 2026-...`, for messages and the CLI."""
+    import datetime
+
+    what = {'approved': 'approved', 'denied': 'denied', 'result': 'completed with a result'}[decision.kind]
+    if decision.via == 'deadline':
+        what = 'denied by its deadline'
+    when = datetime.datetime.fromtimestamp(decision.at, tz=datetime.UTC).isoformat(timespec='seconds')
+    return f'{what}{f" by {decision.by}" if decision.by else ""} at {when}'
+
+
+async def deny_overdue(journal: Journal, *, now: float | None = None) -> list[Resolution]:
+    """Deny every pending call whose deadline passed, saying it timed out (WT-5); return what was resolved.
+
+    Called by the sweep in every worker; an execution an attempt holds, or whose call was decided meanwhile,
+    is left for the next pass. `now` (epoch seconds) is for tests that move the clock.
+    """
+    moment = time.time() if now is None else now
+    resolved: list[Resolution] = []
+    for info in await journal.list_executions(state='waiting'):
+        overdue = {
+            call.call_id: CallDecision(
+                kind='denied',
+                at=moment,
+                via='deadline',
+                message=f'Nobody decided this call within {_span(call.deadline - call.since)}: '
+                'it timed out and was denied.',
+            )
+            for call in info.pending
+            if call.deadline is not None and call.deadline <= moment
+        }
+        if not overdue:
+            continue
+        try:
+            resolved.append(await resolve_calls(journal, info.key, overdue, wait=0.0))
+        except (ExecutionBusy, ResolutionRefused) as exc:
+            log.info('Execution %r: its overdue calls were left for a later sweep (%s).', info.key, exc)
+    return resolved
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (('day', 86400), ('hour', 3600), ('minute', 60)):
+        if seconds >= size:
+            count = seconds / size
+            return f'{count:g} {unit}{"s" if count != 1 else ""}'
+    return f'{seconds:g} seconds'

@@ -1,0 +1,131 @@
+"""`resolve()`: decide the calls an execution waits on, in pydantic-ai's own terms, from anywhere (WT-2, WT-6).
+
+A web handler or a script has the journal and the execution key, nothing else: no agent, no message
+history. It passes the decisions as pydantic-ai's `DeferredToolResults` would hold them (`True`, `False`,
+`ToolApproved`, `ToolDenied`, an outside result, or the `AskUserResponse` a person gave); this module turns
+them into the plain records the journal core writes (`_core/_resolve.py`), so the core stays free of
+pydantic-ai and the CLI decides calls the same way without importing it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter
+from pydantic_ai.exceptions import ToolFailed
+from pydantic_ai.tools import ToolApproved, ToolDenied
+
+from ._core import Resolution, pending_calls, resolve_calls
+from .journals import CallDecision, DeferredCall, Journal
+
+if TYPE_CHECKING:
+    from pydantic_ai_harness.ask_user import AskUserRequest
+
+__all__ = ('ask_user_request', 'resolve')
+
+_ANY: TypeAdapter[Any] = TypeAdapter(Any)
+
+
+async def resolve(
+    journal: Journal,
+    key: str,
+    *,
+    approvals: Mapping[str, bool | ToolApproved | ToolDenied] | None = None,
+    results: Mapping[str, Any] | None = None,
+    by: str | None = None,
+    wait: float = 10.0,
+) -> Resolution:
+    """Decide calls execution `key` waits on, by tool call id; the next attempt goes on with them (WT-2, WT-3).
+
+    `approvals` answers calls that need approval: `True` or `ToolApproved(override_args=...)` lets the tool run
+    (once, in the next attempt), `False` or `ToolDenied(message)` tells the model it was denied. `results`
+    answers calls whose result comes from outside: the value is the tool's return (JSON data, or a pydantic
+    model or dataclass, stored as JSON), `ToolFailed(message)` refuses it, and for a question of
+    pydantic-ai-harness's `AskUser` the person's `AskUserResponse` (checked against the question) or
+    `ask_user_result(request, response)`. `by` names who decided, for the audit trail.
+
+    All decisions are recorded at once, fenced under the execution's lease, or none is. Deciding a call the
+    same way again is accepted; anything else that cannot be recorded raises `ResolutionRefused`, and
+    `ExecutionBusy` when an attempt still holds the execution after `wait` seconds. The returned `Resolution`
+    says what is still pending, and `completed` when this call decided the last one.
+    """
+    now = time.time()
+    decisions: dict[str, CallDecision] = {}
+    for call_id, approval in (approvals or {}).items():
+        decisions[call_id] = _approval(call_id, approval, now, by)
+    asked_users: list[str] = []
+    for call_id, value in (results or {}).items():
+        if call_id in decisions:
+            raise ValueError(f'Call {call_id!r} is given both an approval and a result; give it one decision.')
+        if _is_ask_user_response(value):
+            asked_users.append(call_id)
+            continue
+        decisions[call_id] = _result(call_id, value, now, by)
+    if asked_users:
+        calls = {call.call_id: call for call in await pending_calls(journal, key, decided=True)}
+        for call_id in asked_users:
+            decisions[call_id] = _answer(key, calls.get(call_id), call_id, (results or {})[call_id], now, by)
+    return await resolve_calls(journal, key, decisions, wait=wait)
+
+
+def _approval(call_id: str, approval: object, now: float, by: str | None) -> CallDecision:
+    if approval is True:
+        return CallDecision('approved', now, by)
+    if approval is False:
+        return CallDecision('denied', now, by, message=ToolDenied().message)
+    if isinstance(approval, ToolApproved):
+        override = _ANY.dump_python(approval.override_args, mode='json') if approval.override_args is not None else None
+        return CallDecision('approved', now, by, override_args=override)
+    if isinstance(approval, ToolDenied):
+        return CallDecision('denied', now, by, message=approval.message)
+    raise TypeError(
+        f'The approval of call {call_id!r} must be True, False, ToolApproved(...) or ToolDenied(...), '
+        f'not {type(approval).__name__}.'
+    )
+
+
+def _result(call_id: str, value: object, now: float, by: str | None) -> CallDecision:
+    if isinstance(value, ToolFailed):
+        return CallDecision('denied', now, by, message=value.message)
+    try:
+        stored = _ANY.dump_python(value, mode='json')
+    except Exception as exc:
+        raise TypeError(
+            f'The result of call {call_id!r} must be JSON data, a pydantic model or a dataclass, to be recorded: '
+            f'{type(value).__name__} is not ({exc}).'
+        ) from None
+    return CallDecision('result', now, by, value=stored)
+
+
+def _is_ask_user_response(value: object) -> bool:
+    try:
+        from pydantic_ai_harness.ask_user import AskUserResponse
+    except ImportError:
+        return False
+    return isinstance(value, AskUserResponse)
+
+
+def _answer(
+    key: str, call: DeferredCall | None, call_id: str, response: Any, now: float, by: str | None
+) -> CallDecision:
+    """A person's `AskUserResponse`, checked against the question it answers and rendered as the tool's result."""
+    from pydantic_ai_harness.ask_user import ask_user_result
+
+    if call is None:
+        raise ValueError(f'Execution {key!r} has no deferred call {call_id!r} for this answer.')
+    request = ask_user_request(call)
+    return CallDecision('result', now, by, value=_ANY.dump_python(ask_user_result(request, response), mode='json'))
+
+
+def ask_user_request(call: DeferredCall) -> AskUserRequest:
+    """The validated `AskUserRequest` behind a waiting `ask_user_question` call: the questions to put to the person.
+
+    Raises `ValueError` for a call of another tool (WT-6).
+    """
+    from pydantic_ai_harness.ask_user import AskUserRequest
+
+    if call.request is None:
+        raise ValueError(f'Call {call.call_id!r} ({call.tool_name}) is not a question of AskUser.')
+    return TypeAdapter(AskUserRequest).validate_python(call.request)
