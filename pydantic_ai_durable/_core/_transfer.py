@@ -14,6 +14,7 @@ from .._errors import EncryptionMismatch
 from ..journals import Encryption, Journal
 from ._export import Limits, Snapshot, parse_document, snapshot_document, snapshot_from_document
 from ._import import ImportReport, fork_snapshot, read_stable_snapshot, write_snapshot
+from ._records import check_not_importing
 
 __all__ = ('copy_execution', 'export_execution', 'fork_execution', 'import_execution')
 
@@ -27,6 +28,7 @@ async def _snapshot(journal: Journal, key: str) -> Snapshot:
     snapshot = await read_stable_snapshot(journal, key)
     if snapshot is None:
         raise LookupError(f'No execution {key!r} in {journal!r}.')
+    check_not_importing(key, snapshot.record)  # a killed import's leftovers are not exported or forked
     return snapshot
 
 
