@@ -6,16 +6,17 @@ modules, bottom up: `_records` (stored shapes), `_stats`, `_lease`, `_attempt_vi
 see it), `_step`, `_pool` (argument matching, DV-2), `_fences` (failure fences), `_run_writes` (every write of
 a run), `_run` (what it reads and decides), `_retention` and `_attempt`; beside them, for job queues, `_sweep`
 (hands interrupted executions back) and `_retry` (when a task that met a busy, lost or failing journal runs
-again), and `_rekey` (rewrites every value under the current encryption key); `_export`, `_import`,
-`_transfer` (executions moved between journals, or forked) and `_conversation` (a run read back as messages).
-The rest of the package imports the names below from here.
+again), and `_rekey` (rewrites every value under the current encryption key); `_document` (an export's
+text read one value at a time), `_export`, `_import`, `_transfer` (executions moved between journals, or
+forked) and `_conversation` (a run read back as messages). The rest of the package imports the names below
+from here.
 """
 
 from ._attempt import Attempt, CleanupMode
 from ._conversation import recorded_conversation
-from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits
+from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits, parse_document, snapshot_from_document
 from ._fences import RunMeta
-from ._import import ImportReport
+from ._import import ImportReport, write_snapshot
 from ._records import ENTRY_VERSION, Kind, latest_spend, parse_entry
 from ._rekey import RekeyReport, rekey
 from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata
@@ -57,9 +58,12 @@ __all__ = (
     'fork_execution',
     'import_execution',
     'latest_spend',
+    'parse_document',
     'parse_entry',
     'recorded_conversation',
     'rekey',
     'retry_delay',
+    'snapshot_from_document',
     'sweep_interrupted',
+    'write_snapshot',
 )
