@@ -51,6 +51,8 @@ class Target:
     label: str
     dsn: str | None = None
     """The PostgreSQL DSN, whose password must be scrubbed from every error text shown."""
+    keys: Encryption | None = None
+    """The keys of `$PYDANTIC_AI_DURABLE_KEYS`, if set: `import` decides itself what it seals with them (XP-2)."""
 
     def clean(self, text: str) -> str:
         return scrub(text, self.dsn) if self.dsn is not None else text
@@ -76,6 +78,7 @@ def open_target(value: str | None, schema: str | None, *, rekeying: bool = False
     encryption = _keys(required=rekeying)
     target = _open(value, schema, creating=creating)
     reseal(target.journal, encryption, 'migrate' if rekeying else ('strict' if encryption is not None else 'show'))
+    target.keys = encryption
     return target
 
 
