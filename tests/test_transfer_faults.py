@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from stores import Store, disk_store, memory_store, postgres_store
-from test_transfer import MARKER, SIX_STEPS, Shop, _close, _exported, _record
+from test_transfer import MARKER, SIX_STEPS, Shop, _close, _exported, _Paused, _record
 
 from pydantic_ai_durable import (
     Encryption,
@@ -85,7 +85,7 @@ KILLED = textwrap.dedent(
     from pydantic_ai_durable import DiskJournal, PostgresJournal, import_execution
     from pydantic_ai_durable._core import _import
 
-    _import._IMPORT_TTL = 2.0  # on PostgreSQL a killed holder's lease is waited out (CC-4): keep it short
+    _import._IMPORT_TTL = 1.0  # on PostgreSQL a killed holder's lease is waited out (CC-4): keep it short
 
     where, document, point = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     journal = DiskJournal(where['path']) if 'path' in where else PostgresJournal(where['dsn'], schema=where['schema'])
@@ -194,11 +194,8 @@ def test_xp2_an_import_killed_at_ten_points_leaves_nothing_an_attempt_replays(tm
         outcomes[point] = _outcome(journal, Shop())
         asyncio.run(_close(journal))
         if outcomes[point] == 'refused':  # importing again replaces what was left: it is no execution
-            assert store.cli is not None
-            again = _cli(*store.cli, 'import', str(document))
-            assert again.returncode == 0, (point, again.stderr)
-            assert 'replacing' not in again.stdout, again.stdout
             journal = store.make(None)
+            assert asyncio.run(import_execution(journal, document.read_text())).replaced is False
             assert _outcome(journal, Shop()) == 'replayed', point
             asyncio.run(_close(journal))
     assert outcomes == EXPECTED, outcomes
@@ -264,29 +261,6 @@ async def test_xp2_a_memory_import_stopped_at_ten_points_leaves_nothing_an_attem
 # -- XP-2: an import holds its lease as an attempt does ---------------------------------------------------
 
 
-class _Held:
-    """Forwards to a journal; the import's third entry waits until the test lets it go on, or is refused."""
-
-    def __init__(self, inner: Journal, *, refuse: bool = False) -> None:
-        self.inner = inner
-        self.reached = asyncio.Event()
-        self.go_on = asyncio.Event()
-        self.refuse = refuse
-        self.entries = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
-        self.entries += 1
-        if self.entries == 3:
-            self.reached.set()
-            await self.go_on.wait()
-            if self.refuse:
-                return False
-        return await self.inner.write_entry(key, run, position, entry, epoch=epoch)
-
-
 @pytest.mark.once
 @pytest.mark.parametrize('name', list(STORES))
 async def test_xp2_an_import_held_past_its_lease_keeps_it_and_leaves_nothing_when_it_fails(
@@ -299,7 +273,7 @@ async def test_xp2_an_import_held_past_its_lease_keeps_it_and_leaves_nothing_whe
     store = STORES[name](tmp_path)
     journal = store.make(None)
     for refuse in (False, True):
-        held = _Held(journal, refuse=refuse)
+        held = _Paused(journal, pause_at=3, refuse_at=3 if refuse else None)
         importing = asyncio.create_task(import_execution(held, document))  # type: ignore[arg-type]
         await held.reached.wait()
         await asyncio.sleep(3.0)  # one and a half leases: an import that did not renew has lost it
@@ -360,6 +334,8 @@ def test_xp2_the_cli_stores_imported_values_as_the_target_journal_stores_its_own
     asyncio.run(_close(journal))
     line = _one_line(_cli(*plain_store.cli, 'import', str(sealed_file), '--as', 'no-keys'))
     assert 'file-key' in line and KEYS_VARIABLE in line, line
+    line = _one_line(_cli('--journal', str(tmp_path / 'new'), 'import', str(sealed_file)))
+    assert 'file-key' in line and not (tmp_path / 'new').exists(), line  # a refused import creates no journal
 
     # A sealed journal: refused without its keys, naming them; stored sealed under its current key with them.
     def listed() -> list[str]:

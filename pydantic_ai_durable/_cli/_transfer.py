@@ -105,7 +105,7 @@ async def _store_as_the_journal_does(journal: Journal, target: Target, file_ids:
     import is refused with one message naming them all, before anything is written.
     """
     keys = target.keys
-    journal_ids, plain, sample = await _stored_sealing(journal)
+    journal_ids, plain, sample = await _stored_sealing(journal) if target.exists else ([], False, None)
     given = set(keys.key_ids) if keys is not None else set()
     if (journal_ids and keys is None) or not set(file_ids) <= given:
         parts = (
