@@ -273,10 +273,10 @@ class _Loader:
         """Set once every value passed its checks: loading one again parses (and opens) it only."""
 
     def _value(self, raw: object, where: str) -> dict[str, Any]:
-        if self.checked and isinstance(raw, Span):
-            value: dict[str, Any] = raw.parse()[0]
-            return value
-        return _value(raw, self.limits, where)
+        if not self.checked:
+            return _value(raw, self.limits, where)
+        value: dict[str, Any] = raw.parse()[0] if isinstance(raw, Span) else raw  # type: ignore[assignment]
+        return value
 
     def execution(self, raw: object) -> dict[str, Any]:
         value = self._opened(
