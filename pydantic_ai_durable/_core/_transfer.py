@@ -64,6 +64,8 @@ async def import_execution(
     The whole document is checked first (`ExportInvalid`); an existing execution is replaced only with
     `force`, a running one never (`ImportRefused`). A sealed document is opened with `encryption`, by
     default the journal's own keys, and written through the journal, which seals it anew if it has keys.
+    Text is read one stored value at a time (XP-4); an import killed part way leaves a record that every
+    attempt refuses and the next import replaces.
     """
     limits = limits or Limits()
     parsed = parse_document(document, limits) if isinstance(document, (str, bytes)) else document
