@@ -28,8 +28,9 @@ _NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]{0,63}')
 _PLAIN = frozenset({int, str, bool, type(None)})
 """Leaf types a check need not look at one by one: no depth, no duplicate, always a JSON value."""
 
-Duplicates = dict[int, str]
-"""`id` of an object read from the text -> a field it was given twice (the object stays alive while checked)."""
+Duplicates = dict[int, tuple[dict[str, Any], str]]
+"""`id` of an object read from the text -> the object (kept alive, so no other takes its id) and a field it was
+given twice."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,7 +74,7 @@ def _decode(text: str, at: int) -> tuple[Any, int, Duplicates]:
         return made
 
     value, end = json.JSONDecoder(object_pairs_hook=pairs).raw_decode(text, at)
-    return value, end, {id(made): twice for made, twice in seen}
+    return value, end, {id(made): (made, twice) for made, twice in seen}
 
 
 # -- one meaning ------------------------------------------------------------------------------------------
@@ -96,24 +97,25 @@ def check_tree(value: object, where: str, depth: int, duplicates: Duplicates | N
     twice = duplicates or {}
 
     def refuse(path: list[object], reason: str) -> ExportInvalid:
-        return ExportInvalid(f'{where}{"".join(step_name(key) for key in path)}: {reason}')
+        steps = ''.join(step_name(key) for key in path)
+        return ExportInvalid(f'{where}{steps if len(steps) <= 160 else steps[:157] + "..."}: {reason}')
 
     def leaf(node: object, path: list[object]) -> None:
-        if type(node) is float and not math.isfinite(node):
+        if isinstance(node, float) and not math.isfinite(node):
             name = 'NaN' if math.isnan(node) else '-Infinity' if node < 0 else 'Infinity'
             raise refuse(path, f'{name} is not a JSON number (nor is a number beyond the range of a float)')
 
-    if not isinstance(value, (dict, list)):
+    if not isinstance(value, (dict, list, tuple)):
         leaf(value, [])
         return
     stack: list[Iterator[tuple[object, object]]] = []
     path: list[object] = []
 
-    def enter(node: dict[str, Any] | list[Any]) -> None:
-        if id(node) in twice and isinstance(node, dict):
-            raise refuse([*path, twice[id(node)]], 'given twice in one object; a document has one meaning')
+    def enter(node: dict[str, Any] | list[Any] | tuple[Any, ...]) -> None:
+        if id(node) in twice and twice[id(node)][0] is node:
+            raise refuse([*path, twice[id(node)][1]], 'given twice in one object; a document has one meaning')
         if len(stack) + bool(node) >= depth:  # its items would lie deeper than `depth`
-            raise refuse(path, f'nests deeper than {depth} levels')
+            raise ExportInvalid(f'{where} nests deeper than {depth} levels')
         items = node.values() if isinstance(node, dict) else node
         if set(map(type, items)) <= _PLAIN:
             return  # nothing below to look at
@@ -124,7 +126,7 @@ def check_tree(value: object, where: str, depth: int, duplicates: Duplicates | N
     while stack:
         for key, node in stack[-1]:
             path[-1] = key
-            if isinstance(node, (dict, list)):
+            if isinstance(node, (dict, list, tuple)):  # a tuple only in a document built in Python
                 enter(node)
                 break
             leaf(node, path)
