@@ -51,7 +51,8 @@ class JournalCorrupt(JournalError):
     """A stored value failed its authentication: altered, copied from another place, or sealed with another key.
 
     It is never replayed and never taken for a missing step, since either could repeat a side effect or
-    hide a tampering (EN-3). `key` is the execution, `where` the value (`"run 0, step 3"`).
+    hide a tampering (EN-3). `key` is the execution, `where` the value (`"run 0, step 3"`). Also raised, with
+    `where="the import"`, for what an import left when it was killed part way (XP-2).
     """
 
     def __init__(self, message: str, *, key: str, where: str) -> None:

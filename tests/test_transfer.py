@@ -222,12 +222,17 @@ async def test_xp2_an_existing_execution_needs_force_and_a_running_one_is_refuse
 
 
 class _Paused:
-    """A memory journal whose import stops at its first entry until told to go on, or refuses a write."""
+    """A journal (a memory one by default) whose import waits at an entry until told to go on, or refuses one.
 
-    def __init__(self, refuse_at: int | None = None) -> None:
-        self.inner = MemoryJournal()
+    `pause_at`: the entry, counted from 1, that waits for `go_on` (`None`: none waits); `refuse_at`: the entry
+    that the journal refuses, after its wait if it has one.
+    """
+
+    def __init__(self, inner: Journal | None = None, *, pause_at: int | None = 1, refuse_at: int | None = None) -> None:
+        self.inner = inner if inner is not None else MemoryJournal()
         self.reached = asyncio.Event()
         self.go_on = asyncio.Event()
+        self.pause_at = pause_at
         self.refuse_at = refuse_at
         self.writes = 0
 
@@ -236,12 +241,11 @@ class _Paused:
 
     async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
         self.writes += 1
-        if self.refuse_at is not None:
-            if self.writes == self.refuse_at:
-                return False
-        else:
+        if self.writes == self.pause_at:
             self.reached.set()
             await self.go_on.wait()
+        if self.writes == self.refuse_at:
+            return False
         return await self.inner.write_entry(key, run, position, entry, epoch=epoch)
 
 
@@ -264,7 +268,7 @@ async def test_xp2_an_import_that_fails_halfway_leaves_nothing_behind() -> None:
     source = MemoryJournal()
     await _record(source, Shop())
     document = await export_execution(source, 'order-42')
-    refusing = _Paused(refuse_at=4)
+    refusing = _Paused(pause_at=None, refuse_at=4)
     with pytest.raises(ImportRefused, match='refused a value'):
         await import_execution(refusing, document)  # type: ignore[arg-type]
     assert refusing.writes == 4

@@ -51,6 +51,10 @@ class Target:
     label: str
     dsn: str | None = None
     """The PostgreSQL DSN, whose password must be scrubbed from every error text shown."""
+    keys: Encryption | None = None
+    """The keys of `$PYDANTIC_AI_DURABLE_KEYS`, if set: `import` decides itself what it seals with them (XP-2)."""
+    exists: bool = True
+    """False for the journal `import` is about to create: nothing is stored there, and nothing is opened early."""
 
     def clean(self, text: str) -> str:
         return scrub(text, self.dsn) if self.dsn is not None else text
@@ -82,6 +86,7 @@ def open_target(
         reseal(target.journal, encryption, 'decrypt' if decrypt else 'migrate')
     else:
         reseal(target.journal, encryption, 'strict' if encryption is not None else 'show')
+    target.keys = encryption
     return target
 
 
@@ -111,7 +116,7 @@ def _open(value: str | None, schema: str | None, *, creating: bool) -> Target:
     where = label if value is not None else f'{label} (the default journal; set --journal or PYDANTIC_AI_DURABLE_DIR)'
     try:
         if creating and not path.exists():
-            return Target(DiskJournal(path), label)
+            return Target(DiskJournal(path), label, exists=False)
         if not path.exists():
             raise Failure(f'no journal at {where}: the directory does not exist')
         if not path.is_dir():
@@ -133,9 +138,8 @@ def _postgres_target(dsn: str, schema: str | None, *, creating: bool) -> Target:
     except ValueError as exc:
         raise Failure(str(exc), EXIT_USAGE) from None
     label = f'{mask_dsn(dsn)!r} (schema {journal.schema!r})'
-    if creating:
-        return Target(journal, label, dsn)
-    # PostgresJournal creates its schema on first use; looking first keeps a typo from creating one.
+    # PostgresJournal creates its schema on first use; looking first keeps a typo from creating one, and an
+    # import from opening a journal it would refuse to write.
     try:
         import psycopg
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -146,9 +150,10 @@ def _postgres_target(dsn: str, schema: str | None, *, creating: bool) -> Target:
             row = conn.execute('SELECT to_regclass(%s) IS NOT NULL', (f'{quoted}.executions',)).fetchone()
     except Exception as exc:
         raise Failure(f'cannot open the journal {label}: {scrub(_one_line(exc), dsn)}') from None
-    if row is None or not row[0]:
+    found = row is not None and bool(row[0])
+    if not found and not creating:
         raise Failure(f'no journal at {label}: the schema holds no journal tables')
-    return Target(journal, label, dsn)
+    return Target(journal, label, dsn, exists=found)
 
 
 def run_on(target: Target, action: Callable[[Journal], Awaitable[_T]]) -> _T:

@@ -6,17 +6,18 @@ modules, bottom up: `_records` (stored shapes), `_stats`, `_lease`, `_attempt_vi
 see it), `_step`, `_pool` (argument matching, DV-2), `_fences` (failure fences), `_run_writes` (every write of
 a run), `_run` (what it reads and decides), `_retention` and `_attempt`; beside them, for job queues, `_sweep`
 (hands interrupted executions back) and `_retry` (when a task that met a busy, lost or failing journal runs
-again), and `_rekey` (rewrites every value under the current encryption key); `_export`, `_import`,
-`_transfer` (executions moved between journals, or forked) and `_conversation` (a run read back as messages);
-`_waiting` (the calls an attempt's runs deferred) and `_resolve` (deciding them from anywhere, and deadlines).
-The rest of the package imports the names below from here.
+again), and `_rekey` (rewrites every value under the current encryption key); `_document` (an export's
+text read one value at a time), `_export`, `_import`, `_transfer` (executions moved between journals, or
+forked) and `_conversation` (a run read back as messages); `_waiting` (the calls an attempt's runs deferred)
+and `_resolve` (deciding them from anywhere, and deadlines). The rest of the package imports the names below
+from here.
 """
 
 from ._attempt import Attempt, CleanupMode
 from ._conversation import recorded_conversation
-from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits
+from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits, parse_document, snapshot_from_document
 from ._fences import RunMeta
-from ._import import ImportReport
+from ._import import ImportReport, write_snapshot
 from ._records import ENTRY_VERSION, Kind, latest_spend, missing_links, parse_entry, run_order
 from ._rekey import RekeyReport, rekey
 from ._resolve import Resolution, deny_overdue, describe, pending_calls, resolve_calls
@@ -68,6 +69,7 @@ __all__ = (
     'missing_links',
     'note_answered',
     'note_deferred',
+    'parse_document',
     'parse_entry',
     'pending_calls',
     'recorded_conversation',
@@ -75,6 +77,8 @@ __all__ = (
     'resolve_calls',
     'retry_delay',
     'run_order',
+    'snapshot_from_document',
     'still_waiting',
     'sweep_interrupted',
+    'write_snapshot',
 )

@@ -30,7 +30,7 @@ from .._runtime import (
 from ..journals import Journal
 from ._attempt_view import StoreHold
 from ._lease import LeaseKeeper, store_identity
-from ._records import ENTRY_VERSION, one_line, readable
+from ._records import ENTRY_VERSION, check_not_importing, one_line, readable
 from ._retention import FROM_JOURNAL, check_metadata
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Stats
@@ -285,6 +285,7 @@ class Attempt:
         """
         journal = state.journal
         stored = await self._load(journal, 'the execution record', lambda: journal.read_execution(self.key))
+        check_not_importing(self.key, stored)  # what a killed import left is no execution (XP-2)
         known = readable(stored, f'Execution {self.key!r}: its record') if stored is not None else None
         record: dict[str, Any] = known if known is not None else {}
         listed = record.get('runs')

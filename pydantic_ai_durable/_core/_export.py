@@ -4,20 +4,26 @@ The document holds what the journal stores (entries with their fingerprints, run
 record), never a lease or an epoch, so it can move between stores. A document is data from outside: it is
 parsed with size and depth limits and every field is checked against the shapes the core writes, so a
 hostile or damaged file is refused with one message naming what is wrong, before anything is written.
+Read from text, its stored values stay text until each is checked or written (`_document`), so an import
+holds the file and one value at a time.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, TypeVar
 
 from .._errors import ExportInvalid
 from ..journals import SEALED, Encryption, Journal, RunSnapshot, Sealer
-from ._records import ENTRY_VERSION, KINDS
+from ._document import Duplicates, Span, check_tree, read_frame, step_name
+from ._document import shown as _shown
+from ._records import ENTRY_VERSION, IMPORTING, KINDS
 
 __all__ = (
     'EXPORT_FORMAT',
@@ -64,11 +70,34 @@ class Limits:
 
 @dataclass
 class RunCopy:
-    """One run as it moves between stores: entries by position and run records by name."""
+    """One run as it moves between stores: entries by position and run records by name.
+
+    Read from a document's text, both are `Deferred`: each value is parsed, checked and opened when asked for.
+    """
 
     name: str
-    entries: dict[int, dict[str, Any]] = field(default_factory=dict)
-    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    entries: Mapping[int, dict[str, Any]] = field(default_factory=dict)
+    records: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+
+
+_K = TypeVar('_K')
+
+
+class Deferred(Mapping[_K, dict[str, Any]]):
+    """Stored values of a document, each loaded (parsed, checked, opened) when it is asked for, and not kept."""
+
+    def __init__(self, raw: dict[_K, Any], load: Callable[[_K, Any], dict[str, Any]]) -> None:
+        self._raw = raw
+        self._load = load
+
+    def __getitem__(self, key: _K) -> dict[str, Any]:
+        return self._load(key, self._raw[key])
+
+    def __iter__(self) -> Iterator[_K]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
 
 
 @dataclass
@@ -159,11 +188,15 @@ def snapshot_document(snapshot: Snapshot, seal_with: Encryption | None = None) -
 
 
 def parse_document(text: str | bytes, limits: Limits) -> dict[str, Any]:
-    """JSON text of an export, parsed within `limits`; anything else is `ExportInvalid`."""
+    """JSON text of an export, parsed within `limits`, its stored values left as text; else `ExportInvalid`."""
     if len(text) > limits.document_bytes:
         raise ExportInvalid(f'the file is {len(text)} bytes, more than the {limits.document_bytes} an import takes')
     try:
-        document = json.loads(text)
+        if isinstance(text, bytes):
+            text = text.decode(json.detect_encoding(text), 'surrogatepass')
+        document = read_frame(text, limits.depth)
+    except ExportInvalid:
+        raise
     except RecursionError:
         raise ExportInvalid('the file nests deeper than JSON can be read') from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -176,8 +209,9 @@ def parse_document(text: str | bytes, limits: Limits) -> dict[str, Any]:
 def snapshot_from_document(document: dict[str, Any], limits: Limits, open_with: Encryption | None = None) -> Snapshot:
     """Check every field of an export document and return what it holds, opened if it was sealed.
 
-    A sealed document is opened with `open_with` at the places it was sealed for, so a value altered or
-    moved inside the file fails here (EN-3), before any write.
+    Every value is checked here, before any write; a value read from text is not kept but loaded again when
+    the import writes it (`Deferred`). A sealed document is opened with `open_with` at the places it was
+    sealed for, so a value altered or moved inside the file fails here (EN-3).
     """
     _exact(document, _TOP_FIELDS, 'the document')
     if document['format'] != EXPORT_FORMAT:
@@ -196,38 +230,106 @@ def snapshot_from_document(document: dict[str, Any], limits: Limits, open_with: 
     if not isinstance(document['key_ids'], list) or not all(isinstance(k, str) for k in document['key_ids']):
         raise ExportInvalid('"key_ids" must be a list of strings')
     exported = document['exported']
-    if isinstance(exported, bool) or not isinstance(exported, (int, float)):
+    if isinstance(exported, bool) or not isinstance(exported, (int, float)) or not math.isfinite(exported):
         raise ExportInvalid('"exported" must be a number (epoch seconds)')
-    record = _value(document['execution'], limits, '"execution"')
-    if record.get('v') != ENTRY_VERSION:
-        raise ExportInvalid(f'"execution" is of format version {_shown(record.get("v"))}, not {ENTRY_VERSION}')
-    runs = _runs(document['runs'], limits)
-    listed = record.get('runs')
-    if not isinstance(listed, list) or sorted(map(str, listed)) != sorted(run.name for run in runs):
-        raise ExportInvalid('"execution.runs" must list exactly the runs the document holds')
+    raw_runs = _runs(document['runs'], limits)
     sealed = payloads == 'ciphertext'
-    if sealed:
-        if open_with is None:
-            ids = ', '.join(document['key_ids']) or '?'
-            raise ExportInvalid(
-                f'the file holds ciphertext (key ids {ids}); importing it needs those keys: pass '
-                'encryption=Encryption({...}) (or set $PYDANTIC_AI_DURABLE_KEYS for the CLI)'
-            )
-        record, runs = _opened(key, record, runs, Sealer(open_with))
-    elif any(SEALED in value for value in _values(record, runs)):
-        raise ExportInvalid('"payloads" says plaintext, but the file holds sealed values')
-    for run in runs:
-        for position, entry in run.entries.items():
-            _check_entry(entry, f'run {run.name}, step {position}')
+    if sealed and open_with is None:
+        ids = ', '.join(document['key_ids']) or '?'
+        raise ExportInvalid(
+            f'the file holds ciphertext (key ids {ids}); importing it needs those keys: pass '
+            'encryption=Encryption({...}) (or set $PYDANTIC_AI_DURABLE_KEYS for the CLI)'
+        )
+    load = _Loader(key, limits, Sealer(open_with) if sealed else None)
+    record = load.execution(document['execution'])
+    listed = record.get('runs')
+    if not isinstance(listed, list) or sorted(map(str, listed)) != sorted(name for name, _, _ in raw_runs):
+        raise ExportInvalid('"execution.runs" must list exactly the runs the document holds')
+    runs = [
+        RunCopy(
+            name,
+            Deferred(entries, partial(load.entry, name)),
+            Deferred(records, partial(load.record, name)),
+        )
+        for name, entries, records in raw_runs
+    ]
+    for run in runs:  # the whole document is checked before anything is written; nothing loaded is kept
+        for position in run.entries:
+            run.entries[position]
+        for name in run.records:
+            run.records[name]
+    load.checked = True  # loaded again to be written, the same text needs only parsing (and opening)
     return Snapshot(key, record, runs, document['state'], payloads)
 
 
-def _runs(value: object, limits: Limits) -> list[RunCopy]:
+class _Loader:
+    """Loads one stored value of a document: parsed if it is text, checked, opened if the document is sealed."""
+
+    def __init__(self, key: str, limits: Limits, sealer: Sealer | None) -> None:
+        self.key = key
+        self.limits = limits
+        self.sealer = sealer
+        self.checked = False
+        """Set once every value passed its checks: loading one again parses (and opens) it only."""
+
+    def _value(self, raw: object, where: str) -> dict[str, Any]:
+        if not self.checked:
+            return _value(raw, self.limits, where)
+        value: dict[str, Any] = raw.parse()[0] if isinstance(raw, Span) else raw  # type: ignore[assignment]
+        return value
+
+    def execution(self, raw: object) -> dict[str, Any]:
+        value = self._opened(
+            self._value(raw, '"execution"'), '"execution"', lambda sealer, v: sealer.open_execution(self.key, v)
+        )
+        if value.get('v') != ENTRY_VERSION:
+            raise ExportInvalid(f'"execution" is of format version {_shown(value.get("v"))}, not {ENTRY_VERSION}')
+        if IMPORTING in value:
+            raise ExportInvalid(f'"execution" holds "{IMPORTING}": it is what an import left when it was stopped')
+        return value
+
+    def entry(self, run: str, position: int, found: tuple[str, object]) -> dict[str, Any]:
+        where, raw = found
+        value = self._opened(
+            self._value(raw, where), where, lambda sealer, v: sealer.open_entry(self.key, run, position, v)
+        )
+        if not self.checked:
+            _check_entry(value, f'run {run}, step {position}')
+        return value
+
+    def record(self, run: str, name: str, found: tuple[str, object]) -> dict[str, Any]:
+        where, raw = found
+        return self._opened(
+            self._value(raw, where), where, lambda sealer, v: sealer.open_record(self.key, run, name, v)
+        )
+
+    def _opened(
+        self, value: dict[str, Any], where: str, open_it: Callable[[Sealer, dict[str, Any]], Any]
+    ) -> dict[str, Any]:
+        if self.sealer is None:
+            if SEALED in value:
+                raise ExportInvalid(f'{where}: "payloads" says plaintext, but the file holds sealed values')
+            return value
+        try:
+            opened = open_it(self.sealer, value)
+        except Exception as exc:  # JournalCorrupt, EncryptionMismatch: the file is not what was exported
+            raise ExportInvalid(f'the file does not open with the keys given: {exc}') from None
+        if not isinstance(opened, dict):
+            raise ExportInvalid(f'{where}: the file does not open with the keys given')
+        return opened
+
+
+_Found = tuple[str, Any]
+"""A stored value of a document as found (text or an object), with its place in the document for messages."""
+
+
+def _runs(value: object, limits: Limits) -> list[tuple[str, dict[int, _Found], dict[str, _Found]]]:
+    """The runs of a document, their values as found, every name and position checked."""
     if not isinstance(value, list):
         raise ExportInvalid('"runs" must be a list')
     if len(value) > limits.runs:
         raise ExportInvalid(f'the file holds {len(value)} runs, more than {limits.runs}')
-    runs: list[RunCopy] = []
+    runs: list[tuple[str, dict[int, _Found], dict[str, _Found]]] = []
     seen: set[str] = set()
     total = 0
     for index, item in enumerate(value):
@@ -241,13 +343,13 @@ def _runs(value: object, limits: Limits) -> list[RunCopy]:
         if name in seen:
             raise ExportInvalid(f'{where}: run {name} appears twice')
         seen.add(name)
-        copy = RunCopy(name)
         entries = item['entries']
         if not isinstance(entries, list):
             raise ExportInvalid(f'{where}.entries must be a list')
         total += len(entries)
         if total > limits.entries:
             raise ExportInvalid(f'the file holds more than {limits.entries} entries')
+        found: dict[int, _Found] = {}
         for slot, wrapped in enumerate(entries):
             at = f'{where}.entries[{slot}]'
             if not isinstance(wrapped, dict):
@@ -256,39 +358,41 @@ def _runs(value: object, limits: Limits) -> list[RunCopy]:
             position = wrapped['position']
             if type(position) is not int or not 0 <= position < _POSITION_LIMIT:
                 raise ExportInvalid(f'{at}: the position {_shown(position)} is not a whole number from 0')
-            if position in copy.entries:
+            if position in found:
                 raise ExportInvalid(f'{at}: run {name} has two entries at position {position}')
-            copy.entries[position] = _value(wrapped['entry'], limits, at)
+            found[position] = (f'{at}.entry', wrapped['entry'])
         records = item['records']
         if not isinstance(records, dict):
             raise ExportInvalid(f'{where}.records must be an object')
-        for record_name, record in records.items():
+        for record_name in records:
             if not _RECORD_NAME.fullmatch(record_name):
                 raise ExportInvalid(
                     f'{where}.records: the record name {_shown(record_name)} is not one the journal writes'
                 )
-            copy.records[record_name] = _value(record, limits, f'{where}.records.{record_name}')
-        runs.append(copy)
+        runs.append((name, found, {n: (f'{where}.records{step_name(n)}', r) for n, r in records.items()}))
     return runs
 
 
 def _value(value: object, limits: Limits, where: str) -> dict[str, Any]:
-    """One stored value from the file: an object, of bounded size and depth."""
+    """One stored value from the file (text still, or an object): an object of one meaning, size and depth bounded."""
+    duplicates: Duplicates | None = None
+    if isinstance(value, Span):
+        _within(len(value), limits, where)  # as written in the file, measured before it is parsed
+        value, duplicates = value.parse()
+        text = True
+    else:
+        text = False
     if not isinstance(value, dict):
         raise ExportInvalid(f'{where} must be an object')
-    size = len(json.dumps(value, separators=(',', ':'), ensure_ascii=True))
+    check_tree(value, where, limits.depth, duplicates)
+    if not text:
+        _within(len(json.dumps(value, separators=(',', ':'), ensure_ascii=True)), limits, where)
+    return value
+
+
+def _within(size: int, limits: Limits, where: str) -> None:
     if size > limits.value_bytes:
         raise ExportInvalid(f'{where} is {size} bytes of JSON, more than the {limits.value_bytes} one value may take')
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limits.depth:
-            raise ExportInvalid(f'{where} nests deeper than {limits.depth} levels')
-        if isinstance(node, dict):
-            stack.extend((item, depth + 1) for item in node.values())
-        elif isinstance(node, list):
-            stack.extend((item, depth + 1) for item in node)
-    return value
 
 
 def _check_entry(entry: dict[str, Any], where: str) -> None:
@@ -305,18 +409,6 @@ def _check_entry(entry: dict[str, Any], where: str) -> None:
         isinstance(fingerprint, str) and re.fullmatch(r'[0-9a-f]{16,128}', fingerprint)
     ):
         raise ExportInvalid(f'{where}: the fingerprint {_shown(fingerprint)} is not a hex digest')
-
-
-def _opened(
-    key: str, record: dict[str, Any], runs: list[RunCopy], sealer: Sealer
-) -> tuple[dict[str, Any], list[RunCopy]]:
-    try:
-        opened_record, opened = _each_value(
-            key, record, runs, sealer.open_execution, sealer.open_entry, sealer.open_record
-        )
-    except Exception as exc:  # JournalCorrupt, EncryptionMismatch: the file is not what was exported
-        raise ExportInvalid(f'the file does not open with the keys given: {exc}') from None
-    return opened_record or {}, opened
 
 
 def _each_value(
@@ -346,9 +438,3 @@ def _exact(value: dict[str, Any], fields: frozenset[str], where: str) -> None:
             [f'unknown {", ".join(_shown(x) for x in extra)}'] if extra else []
         )
         raise ExportInvalid(f'{where}: {"; ".join(parts)}')
-
-
-def _shown(value: object) -> str:
-    """A value from the file as a message may show it: quoted, escaped, cut short."""
-    text = ascii(value)
-    return text if len(text) <= 80 else text[:77] + '...'

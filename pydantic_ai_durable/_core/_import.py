@@ -1,29 +1,36 @@
 """Writing an execution into a journal from a snapshot: import, copy and fork (XP-2, XP-3).
 
 The target key is taken under a lease of its own first, so an import racing a live attempt is refused and
-an attempt that starts meanwhile finds the key busy. What was under the key is deleted, the runs are
-written, and the execution record goes last; a failure on the way deletes what was written, so the
-target holds the whole execution or nothing.
+an attempt that starts meanwhile finds the key busy; the lease is renewed as an attempt's is, however long
+the import takes. What was under the key is deleted, then the execution record is written marked as an
+import under way (`IMPORTING`), then the runs, and last the record without the mark, which publishes the
+execution in one write. A failure on the way deletes what was written; a killed import leaves the mark,
+which every attempt refuses (`JournalCorrupt`), so no attempt replays part of an import.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy as _copy
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from .._errors import ImportRefused, LeaseLost
 from .._runtime import end_holding, new_holder, start_holding
-from ..journals import Journal, Lease
+from ..journals import Journal
 from ._export import RunCopy, Snapshot, check_key, read_snapshot
 from ._fences import RunMeta
+from ._lease import LeaseKeeper
+from ._records import IMPORTING, is_importing
 
 __all__ = ('ImportReport', 'fork_snapshot', 'read_stable_snapshot', 'write_snapshot')
 
 _IMPORT_TTL = 60.0
-"""Seconds an import holds the target key; an importer that dies frees it then (on disk, at once)."""
+"""Seconds an import's lease lasts unless renewed; it is renewed while the import runs, and an importer that
+dies frees it then (on disk, at once)."""
 _STABLE_TRIES = 20
 
 
@@ -41,66 +48,80 @@ class ImportReport:
 async def write_snapshot(
     journal: Journal, snapshot: Snapshot, *, key: str | None = None, force: bool = False
 ) -> ImportReport:
-    """Store `snapshot` under `key` (its own by default): all of it, or nothing (XP-2)."""
+    """Store `snapshot` under `key` (its own by default): all of it, or nothing an attempt replays (XP-2)."""
     target = check_key(key if key is not None else snapshot.key, 'target key')
     holder = new_holder()
     start_holding(holder)
     try:
-        lease = await _take(journal, target, holder)
+        keeper = await _take(journal, target, holder)
         try:
             existing = await journal.read_execution(target)
-            if existing is not None and not force:
+            replaced = existing is not None and not is_importing(existing)
+            if replaced and not force:
                 raise ImportRefused(
                     f'An execution {target!r} already exists in {journal!r}; pass force=True (--force) to replace '
                     'it, or import it under another key (--as).',
                     key=target,
                 )
-            # Whatever is there (the execution replaced, or what a killed import left without a record) goes.
-            await journal.delete_execution(target, epoch=lease.epoch)
-            lease = await _take(journal, target, holder)
+            # Whatever is there (the execution replaced, or what a killed import left) goes, lease included.
+            await keeper.stop()
+            await journal.delete_execution(target, epoch=keeper.epoch)
+            keeper = await _take(journal, target, holder)
             try:
-                steps = await _write(journal, target, snapshot, lease.epoch)
+                steps = await _write(journal, target, snapshot, keeper)
             except BaseException:
-                with contextlib.suppress(Exception):  # the error that stopped the import is the one to see
-                    await journal.delete_execution(target, epoch=lease.epoch)
+                await keeper.stop()
+                if not isinstance(keeper.lost, LeaseLost):  # the lease's new holder decides; the mark stays
+                    with contextlib.suppress(Exception):  # the error that stopped the import is the one to see
+                        await journal.delete_execution(target, epoch=keeper.epoch)
                 raise
         finally:
-            await journal.release_lease(target, holder, lease.epoch)
+            await keeper.release()
     finally:
         end_holding(holder)
-    return ImportReport(target, len(snapshot.runs), steps, existing is not None)
+    return ImportReport(target, len(snapshot.runs), steps, replaced)
 
 
-async def _take(journal: Journal, key: str, holder: str) -> Lease:
-    lease = await journal.acquire_lease(key, holder, _IMPORT_TTL)
+async def _take(journal: Journal, key: str, holder: str) -> LeaseKeeper:
+    keeper = LeaseKeeper(journal, key, holder, _IMPORT_TTL)
+    lease = await keeper.acquire()
     if lease.holder != holder:
         raise ImportRefused(
             f'Execution {key!r} is running in {journal!r}: an attempt holds its lease. Nothing was written; '
             'import again once it has ended (a running execution is never replaced, even with force).',
             key=key,
         )
-    return lease
+    return keeper
 
 
-async def _write(journal: Journal, key: str, snapshot: Snapshot, epoch: int) -> int:
+async def _write(journal: Journal, key: str, snapshot: Snapshot, keeper: LeaseKeeper) -> int:
+    record = {**snapshot.record, 'key': key, 'runs': [run.name for run in snapshot.runs]}
+    marked = {field: value for field, value in record.items() if field not in ('retention', 'finished')}
+    marked.update(status='failed', **{IMPORTING: {'at': time.time()}})
+    await _stored(keeper, partial(journal.write_execution, key, marked))
     steps = 0
     for run in snapshot.runs:
-        for position in sorted(run.entries):
-            await _stored(journal.write_entry(key, run.name, position, run.entries[position], epoch=epoch), key)
+        for position in sorted(run.entries):  # read from a file's text, each is parsed and opened here, one at a time
+            await _stored(keeper, partial(journal.write_entry, key, run.name, position, run.entries[position]))
             steps += 1
-        for name, value in run.records.items():
-            await _stored(journal.write_record(key, run.name, name, value, epoch=epoch), key)
-    record = {**snapshot.record, 'key': key, 'runs': [run.name for run in snapshot.runs]}
-    await _stored(journal.write_execution(key, record, epoch=epoch), key)
+        for name in run.records:
+            await _stored(keeper, partial(journal.write_record, key, run.name, name, run.records[name]))
+    await _stored(keeper, partial(journal.write_execution, key, record))  # published: the mark is gone
     return steps
 
 
-async def _stored(write: Awaitable[bool], key: str) -> None:
+async def _stored(keeper: LeaseKeeper, write: Callable[..., Awaitable[bool]]) -> None:
+    """One write under the import's lease; stops first when the renewer found the lease lost or the journal failing."""
+    key = keeper.key
     try:
-        written = await write
-    except LeaseLost:
+        keeper.check()
+        written = await write(epoch=keeper.epoch)
+    except LeaseLost as lost:
+        keeper.fenced(lost)
         raise ImportRefused(
-            f'Execution {key!r} was taken over while it was imported; nothing is left of it.', key=key
+            f'Execution {key!r} was taken over while it was imported; what the import wrote stays marked as an '
+            'unfinished import, which no attempt replays. Import it again, or delete it.',
+            key=key,
         ) from None
     if written is not True:
         raise ImportRefused(f'The journal refused a value of execution {key!r}; nothing is left of it.', key=key)
@@ -123,7 +144,7 @@ async def read_stable_snapshot(journal: Journal, key: str) -> Snapshot | None:
 
 
 def _same(a: Snapshot, b: Snapshot) -> bool:
-    def runs(s: Snapshot) -> list[tuple[str, dict[int, dict[str, Any]], dict[str, dict[str, Any]]]]:
+    def runs(s: Snapshot) -> list[tuple[str, Mapping[int, dict[str, Any]], Mapping[str, dict[str, Any]]]]:
         return [(run.name, run.entries, run.records) for run in s.runs]
 
     record_a = {k: v for k, v in a.record.items() if k != 'updated'}
@@ -168,15 +189,15 @@ def fork_snapshot(snapshot: Snapshot, *, run: str, at: int) -> Snapshot:
 
 
 def _cut_run(run: RunCopy, at: int) -> RunCopy:
-    cut = RunCopy(run.name, {p: e for p, e in run.entries.items() if p < at})
+    records: dict[str, dict[str, Any]] = {}
     meta = run.records.get('meta')
     if meta is not None:
         parsed = RunMeta.parse(meta)
         fence = parsed.diverge_from is not None and parsed.diverge_from < at
-        cut.records['meta'] = {
+        records['meta'] = {
             **meta,
             'diverge_from': parsed.diverge_from if fence else None,
             'high_water': min(parsed.high_water, at),
             'model_at_fault': parsed.model_at_fault if fence else False,
         }
-    return cut
+    return RunCopy(run.name, {p: e for p, e in run.entries.items() if p < at}, records)

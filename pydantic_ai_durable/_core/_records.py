@@ -11,10 +11,15 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
+from .._errors import JournalCorrupt
+
 __all__ = (
     'ENTRY_VERSION',
+    'IMPORTING',
     'KINDS',
     'Kind',
+    'check_not_importing',
+    'is_importing',
     'latest_spend',
     'missing_links',
     'one_line',
@@ -30,6 +35,35 @@ KINDS: tuple[Kind, ...] = ('model', 'tool', 'other')
 
 ENTRY_VERSION = 1
 """Format version written into every entry, run record and execution record (B-3)."""
+
+IMPORTING = 'importing'
+"""The execution record's field an import writes first and drops in its last write (XP-2): `{"at": epoch seconds}`.
+
+While the record holds it, what is stored under the key is an import under way, or what one left when it was
+killed: never an execution an attempt may replay.
+"""
+
+
+def is_importing(record: object) -> bool:
+    """Whether an execution record is an import's mark: an import under way, or what a killed one left (XP-2)."""
+    return isinstance(record, dict) and IMPORTING in record
+
+
+def check_not_importing(key: str, record: object) -> None:
+    """Refuse an execution whose record is an import's mark: what is stored is not an execution (XP-2).
+
+    An import that is still running holds the lease, so whoever reads the mark without it reads what a killed
+    import left: part of the runs. Replaying it would run the rest live as if it were a real execution.
+    """
+    if not is_importing(record):
+        return
+    raise JournalCorrupt(
+        f'Execution {key!r} holds what an import left when it was stopped part way: it is not an execution, and '
+        'nothing of it is replayed or run. Import the file again (what was left is replaced), or delete it '
+        '(pydantic-ai-durable delete KEY).',
+        key=key,
+        where='the import',
+    )
 
 
 def parse_entry(value: Any) -> dict[str, Any] | None:

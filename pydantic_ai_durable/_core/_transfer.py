@@ -14,6 +14,7 @@ from .._errors import EncryptionMismatch
 from ..journals import Encryption, Journal
 from ._export import Limits, Snapshot, parse_document, snapshot_document, snapshot_from_document
 from ._import import ImportReport, fork_snapshot, read_stable_snapshot, write_snapshot
+from ._records import check_not_importing
 
 __all__ = ('copy_execution', 'export_execution', 'fork_execution', 'import_execution')
 
@@ -27,6 +28,7 @@ async def _snapshot(journal: Journal, key: str) -> Snapshot:
     snapshot = await read_stable_snapshot(journal, key)
     if snapshot is None:
         raise LookupError(f'No execution {key!r} in {journal!r}.')
+    check_not_importing(key, snapshot.record)  # a killed import's leftovers are not exported or forked
     return snapshot
 
 
@@ -62,6 +64,8 @@ async def import_execution(
     The whole document is checked first (`ExportInvalid`); an existing execution is replaced only with
     `force`, a running one never (`ImportRefused`). A sealed document is opened with `encryption`, by
     default the journal's own keys, and written through the journal, which seals it anew if it has keys.
+    Text is read one stored value at a time (XP-4); an import killed part way leaves a record that every
+    attempt refuses and the next import replaces.
     """
     limits = limits or Limits()
     parsed = parse_document(document, limits) if isinstance(document, (str, bytes)) else document
