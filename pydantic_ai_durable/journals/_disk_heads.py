@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from . import _json
 
-__all__ = ('EXPIRY', 'RESERVE', 'Heads', 'delete_run_items', 'entry_key', 'expiry_key', 'record_key')
+__all__ = ('EXPIRY', 'RESERVE', 'Heads', 'delete_run_items', 'entry_key', 'expired', 'expiry_key', 'record_key')
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -27,6 +28,8 @@ RESERVE = 64
 """Positions a head reserves past the last one written: one head update per 64 steps of a run."""
 EXPIRY = 'retain/'
 """Prefix of the retention index: `retain/<deadline in ms, 15 digits>/<eid>`, so keys sort by deadline (FN-2)."""
+_BATCH = 1000
+"""Rows of the retention index read at a time."""
 
 
 def entry_key(eid: str, run: str, position: int) -> str:
@@ -39,6 +42,18 @@ def record_key(eid: str, run: str, name: str) -> str:
 
 def expiry_key(deadline: float, eid: str) -> str:
     return f'{EXPIRY}{max(0, round(deadline * 1000)):015d}/{eid}'
+
+
+def expired(cache: Any, limit: int | None) -> Iterator[str]:
+    """The executions whose retention ended, earliest first, read from the index in batches as far as needed (FN-2)."""
+    size = min(limit or _BATCH, _BATCH)
+    low, high = EXPIRY, expiry_key(time.time(), '')
+    while True:
+        batch = cache.keys_between(low, high, limit=size)
+        yield from (item.rsplit('/', 1)[-1] for item in batch)
+        if len(batch) < size:
+            return
+        low = batch[-1] + '\0'  # the next key after the last one read; those pruned meanwhile are gone anyway
 
 
 class Heads:

@@ -22,7 +22,7 @@ from . import _json
 from ._common import execution_id, metadata_of, retention_of, state_of, wanted_states
 from ._disk_commits import SharedCommits
 from ._disk_directory import Durability, check_directory, open_cache, place_of, safe_place
-from ._disk_heads import EXPIRY, RESERVE, Heads, delete_run_items, entry_key, expiry_key, record_key
+from ._disk_heads import RESERVE, Heads, delete_run_items, entry_key, expired, expiry_key, record_key
 from ._disk_leases import fence, forget_process, held_alive, next_epoch, proved_dead, read_lease, store_lease
 from ._files import DEFAULT_MODE, check_mode
 from ._process_lock import drop_lock, hold_lock
@@ -353,13 +353,8 @@ class DiskJournal:
     ) -> list[str]:
         wanted = wanted_states(states) - {'running'}
         cache = self._open_cache()
-        if older_than is None:  # FN-2: the retention index, oldest first, read only as far as needed
-            candidates = [eid for eid in cache.keys_between(EXPIRY, expiry_key(time.time(), ''), limit=limit or 1000)]
-            candidates = [item.rsplit('/', 1)[-1] for item in candidates]
-        else:
-            candidates = list(self._heads.every(cache))
         pruned: list[str] = []
-        for eid in candidates:
+        for eid in self._heads.every(cache) if older_than is not None else expired(cache, limit):
             if limit is not None and len(pruned) >= limit:
                 break
             with cache.transact():  # the lease is judged in the transaction that deletes (B-13)
