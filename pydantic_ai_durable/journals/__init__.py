@@ -8,6 +8,7 @@ its private modules.
 from ._common import delete_under_lease as delete_under_lease
 from ._common import metadata_of as metadata_of
 from ._common import state_of as state_of
+from ._disk_format import DATABASE as DATABASE  # for the CLI
 from ._dsn import mask_dsn as mask_dsn
 from ._dsn import scrub as scrub
 from ._json import dumps as dumps

@@ -17,11 +17,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-import diskcache  # type: ignore[import-untyped]
-
 from .._errors import JournalUnavailable
 from . import _json
-from ._disk_format import JournalCache
+from ._disk_format import DATABASE, JournalCache
 from ._files import open_file
 
 __all__ = ('Durability', 'check_directory', 'open_cache', 'place_of', 'safe_place')
@@ -143,7 +141,7 @@ def _refuse_truncated_database(path: Path) -> None:
     Without the id file beside it, an empty database is a creation that was interrupted (the file is
     made with its mode first, then initialised), so it is simply created.
     """
-    database = path / diskcache.core.DBNAME
+    database = path / DATABASE
     with contextlib.suppress(OSError):
         if database.is_file() and database.stat().st_size == 0 and (path / _MARKER).exists():
             raise _lost_store(path, f'its database {str(database)!r} is empty (zero bytes; truncated?)')

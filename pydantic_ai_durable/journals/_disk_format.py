@@ -1,20 +1,37 @@
-"""DiskJournal's storage format: rows of JSON text that reading can never turn into code (J-8).
+"""DiskJournal's storage: the one module that talks to diskcache and to SQLite (J-8, J-9, J-10).
 
-diskcache's own `Disk` unpickles every row whose `mode` column says pickle and every key whose `raw`
-flag is off, reads and deletes whatever side file a row's `filename` names, and `Cache` applies whatever
-its `Settings` table holds (SQLite pragmas, eviction, even attributes of the cache object). `cache.db`
-is a file, so anyone who can write the journal directory can plant any of that. This format accepts
-exactly what the journal writes and treats everything else as data that does not decode:
+The rest of the disk journal gets a `JournalCache` and calls only diskcache's documented API on it (`get`,
+`set`, `add`, `delete`, `transact`, `iterkeys`, `close`) and the statements defined here. Nothing else in
+the package imports diskcache or `sqlite3` (tests/test_layout.py), and every SQL statement on `cache.db`
+is in `JournalCache`, each with the reason diskcache's API does not do its job.
+
+Which diskcache (J-10). The journal relies on parts of diskcache that are not its documented API: the
+`Cache` table's columns, the storage modes, the `Disk` hooks, the per-thread connection. A journal
+therefore opens only on the releases it was tested with, with all those parts there, and otherwise says
+what to install (`check_diskcache`).
+
+SQLite's locks stay SQLite's (J-9). On POSIX, closing any descriptor of a file releases every fcntl lock
+the process holds on it, SQLite's included, and another process then checkpoints and resets the
+write-ahead log under this process's connections. Nothing here opens, closes or locks `cache.db`, `-wal`
+or `-shm` outside SQLite (`_create_database`).
+
+Rows that reading can never turn into code (J-8). diskcache's own `Disk` unpickles every row whose `mode`
+column says pickle and every key whose `raw` flag is off, reads and deletes whatever side file a row's
+`filename` names, and `Cache` applies whatever its `Settings` table holds (SQLite pragmas, eviction, even
+attributes of the cache object). `cache.db` is a file, so anyone who can write the journal directory can
+plant any of that. This format accepts exactly what the journal writes and treats everything else as
+data that does not decode:
 
 - Keys are `str`, stored as they are (`raw = 1`). Any other key reads as `BAD_KEY`, which no listing
   of the backend takes for one of its keys; it is never unpickled.
 - Values are JSON text kept inline as SQLite TEXT in diskcache's `MODE_RAW`. `_json.dumps` writes
   ASCII only, so the column holds exactly the JSON bytes; storing Python `bytes` instead would only
-  turn the column into a BLOB and make every journal written so far unreadable, since 0.1.0 wrote this
-  very representation through diskcache's default `Disk`. A row in any other mode, with a side file or
-  of another SQLite type reads as `BAD_VALUE`, which every decoder of the backend takes for a value
-  that does not decode: a miss the core reports once (B-3), never loaded. Keys and side files the
-  core never sees are reported here instead, once per kind, since this package never writes them.
+  turn the column into a BLOB and make every journal written so far unreadable: journals made before
+  this format was enforced hold this very representation, written through diskcache's default `Disk`.
+  A row in any other mode, with a side file or of another SQLite type reads as `BAD_VALUE`, which
+  every decoder of the backend takes for a value that does not decode: a miss the core reports once
+  (B-3), never loaded. Keys and side files the core never sees are reported here instead, once per
+  kind, since this package never writes them.
 - A side file is deleted only when its name has diskcache's own shape and it is reached inside the
   directory without following a symbolic link; its emptied subdirectories go with it, nothing above.
 - Every setting is pinned by whoever opens the journal, `Settings` rows this version does not know
@@ -25,11 +42,13 @@ exactly what the journal writes and treats everything else as data that does not
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import os.path as op
 import re
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,21 +56,85 @@ from typing import Any
 
 import diskcache  # type: ignore[import-untyped]
 
-from ._files import DEFAULT_MODE, looser_than, make_directory, open_file
+from .._errors import JournalUnavailable
+from ._files import DEFAULT_MODE, looser_than, make_directory, make_file
 
-__all__ = ('BAD_KEY', 'BAD_VALUE', 'JournalCache', 'JournalDisk')
+__all__ = ('BAD_KEY', 'BAD_VALUE', 'DATABASE', 'TESTED_DISKCACHE', 'JournalCache', 'JournalDisk')
 
 log = logging.getLogger('pydantic_ai_durable')
 
+TESTED_DISKCACHE = ('5.6.3', '5.7')
+"""The diskcache releases the journal was tested with: from the first, up to the second not included.
+
+pyproject.toml bounds the dependency to the same range; a release outside it may store rows, or call the
+`Disk` hooks below, differently, so a journal refuses to open on it (J-10).
+"""
+DATABASE = 'cache.db'
+"""The database in a journal directory (diskcache's `DBNAME`)."""
+MODE_RAW = 1
+"""diskcache's storage mode for a value kept in its column as it is: the only one the journal writes."""
+_MODES = {2: 'binary data', 3: 'a text file', 4: 'a pickle'}
+"""diskcache's other storage modes (`MODE_BINARY`, `MODE_TEXT`, `MODE_PICKLE`), which are never loaded."""
 _core = diskcache.core
-MODE_RAW: int = _core.MODE_RAW
-_MODES = {_core.MODE_BINARY: 'binary data', _core.MODE_TEXT: 'a text file', _core.MODE_PICKLE: 'a pickle'}
+_MISSING = object()
+# Looked up without failing, so that a diskcache whose parts differ still imports and a journal can say
+# what is wrong when it opens (`check_diskcache`).
+_UNKNOWN = getattr(_core, 'UNKNOWN', None)
+_ENOVAL = getattr(_core, 'ENOVAL', None)
+_METADATA: dict[str, Any] = getattr(_core, 'METADATA', {})
+_CORE = {'DBNAME': DATABASE, 'MODE_RAW': MODE_RAW, 'MODE_BINARY': 2, 'MODE_TEXT': 3, 'MODE_PICKLE': 4}
+"""What `diskcache.core` must hold: the file name and the storage modes the journal's rows are written in."""
+_PARTS = {
+    'core': ('UNKNOWN', 'ENOVAL', 'DEFAULT_SETTINGS', 'METADATA'),
+    'Disk': ('put', 'get', 'store', 'fetch', 'filename', 'remove'),
+    'Cache': ('_con', 'reset', 'transact', 'get', 'set', 'add', 'delete', 'iterkeys', 'close'),
+}
+"""The other parts of diskcache the journal uses or overrides; a hook renamed would be silently bypassed."""
+_COLUMNS = frozenset(('key', 'raw', 'mode', 'filename', 'value', 'size', 'tag', 'access_count')) | {
+    f'{moment}_time' for moment in ('store', 'expire', 'access')
+}
+"""The columns of diskcache's `Cache` table that the statements below read or write."""
 _SIDE_FILE = re.compile(r'([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{28}\.val)')
 """The only side-file name diskcache generates (`Disk.filename`): two levels of hex directories."""
 _CONFINABLE = (
     {os.open, os.unlink, os.rmdir} <= os.supports_dir_fd and hasattr(os, 'O_DIRECTORY') and hasattr(os, 'O_NOFOLLOW')
 )
 """Whether side files can be removed relative to directory descriptors, never through a symbolic link."""
+
+
+def _release(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r'\d+', text)[:3])
+
+
+def check_diskcache(directory: str) -> None:
+    """Refuse to open a journal on a diskcache other than the releases it was tested with (J-10).
+
+    Runs before anything is created or opened, so a mismatch leaves the directory as it was.
+    """
+    version = str(getattr(diskcache, '__version__', 'of an unknown version'))
+    low, high = TESTED_DISKCACHE
+    problems = [] if _release(low) <= _release(version) < _release(high) else ['is outside that range']
+    for name, expected in _CORE.items():
+        found = getattr(_core, name, _MISSING)
+        if found is _MISSING:
+            problems.append(f'has no diskcache.core.{name}')
+        elif found != expected:
+            problems.append(f'has diskcache.core.{name} = {found!r}, not {expected!r}')
+    for owner, names in _PARTS.items():
+        holder = _core if owner == 'core' else getattr(diskcache, owner)
+        problems += [f'has no diskcache.{owner}.{name}' for name in names if not hasattr(holder, name)]
+    if problems:
+        raise _incompatible(directory, version, problems)
+
+
+def _incompatible(directory: str, version: str, problems: list[str]) -> JournalUnavailable:
+    low, high = TESTED_DISKCACHE
+    return JournalUnavailable(
+        f"The journal {directory!r} was not opened: DiskJournal reads and writes diskcache's database with "
+        f'statements of its own, so it runs only on the diskcache releases it was tested with ({low} up to '
+        f'{high}, not included), and the installed diskcache {version} {"; ".join(problems)}. Install a tested '
+        f'release (pip install "diskcache>={low},<{high}"). Nothing was opened or written. (J-10)'
+    )
 
 
 class _Bad:
@@ -108,7 +191,7 @@ class JournalDisk(diskcache.Disk):  # type: ignore[misc]
         return BAD_KEY
 
     def store(  # pyright: ignore[reportIncompatibleMethodOverride]
-        self, value: Any, read: bool, key: Any = _core.UNKNOWN
+        self, value: Any, read: bool, key: Any = _UNKNOWN
     ) -> tuple[int, int, None, str]:
         if read or type(value) is not str:
             raise TypeError(f'DiskJournal stores JSON text only, not {type(value).__name__}.')
@@ -126,7 +209,7 @@ class JournalDisk(diskcache.Disk):  # type: ignore[misc]
             self._refuse(f'a value of type {type(value).__name__}', logging.DEBUG)
         return BAD_VALUE
 
-    def filename(self, key: Any = _core.UNKNOWN, value: Any = _core.UNKNOWN) -> tuple[str, str]:
+    def filename(self, key: Any = _UNKNOWN, value: Any = _UNKNOWN) -> tuple[str, str]:
         raise TypeError('DiskJournal keeps every value inside its database; it never writes a side file.')
 
     def remove(self, file_path: Any) -> None:
@@ -174,7 +257,7 @@ def _remove_inside(root: str, first: str, second: str, name: str) -> None:
 
 
 _DEFAULTS: dict[str, Any] = {
-    **_core.DEFAULT_SETTINGS,
+    **getattr(_core, 'DEFAULT_SETTINGS', {}),
     'eviction_policy': 'none',
     'cull_limit': 0,
     'disk_min_file_size': 2**40,
@@ -192,9 +275,10 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
     the table says, unknown rows are ignored, and `durability="power"` keeps `synchronous=FULL` even
     after another opener of the directory (the CLI, an older release) rewrote the table.
 
-    The directory, its missing parents and `cache.db` are created with `file_mode` (see `_files`)
-    before SQLite opens anything, so the database and the `-wal` and `-shm` files SQLite gives the same
-    mode are never readable by others, even for an instant.
+    Opening checks the installed diskcache first (`check_diskcache`), then creates the directory, its
+    missing parents and `cache.db` with `file_mode` (see `_files`) before SQLite opens anything, so the
+    database and the `-wal` and `-shm` files SQLite gives the same mode are never readable by others, even
+    for an instant. None of them is ever opened outside SQLite (`_create_database`).
     """
 
     def __init__(
@@ -203,31 +287,49 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
         unknown = sorted(set(settings) - set(_DEFAULTS))
         if unknown:
             raise TypeError(f'not diskcache settings: {unknown}')
+        check_diskcache(str(directory))
         self._pinned: dict[str, Any] = {**_DEFAULTS, **settings, 'sqlite_synchronous': synchronous}
         # diskcache expands `~` and `$VARS` in the directory; create exactly the one it will open.
         target = Path(op.expandvars(op.expanduser(str(directory))))
         make_directory(target, file_mode)
-        database = target / _core.DBNAME
-        for companion in ('-wal', '-shm'):
-            if op.islink(f'{database}{companion}'):
-                raise OSError(f'{str(database) + companion!r} is a symbolic link; a journal file must not be one')
-        os.close(open_file(database, file_mode, os.O_RDONLY))
+        database = target / DATABASE
+        _create_database(database, file_mode)
         super().__init__(directory, timeout=timeout, disk=JournalDisk, **self._pinned)  # pyright: ignore[reportArgumentType]
+        try:
+            self._check_opened(database)
+        except BaseException:
+            self.close()
+            raise
         _warn_if_shared(database, file_mode)
 
-    def reset(self, key: str, value: Any = _core.ENOVAL, update: bool = True) -> Any:
+    def _check_opened(self, database: Path) -> None:
+        """What can only be checked on an open cache: diskcache's own parts, and files that are still ours."""
+        missing = [name for name in ('_local', '_disk') if not hasattr(self, name)]
+        if not missing and not hasattr(self._disk, '_directory'):
+            missing.append('_disk._directory')
+        problems = [f'has no diskcache.Cache.{name} once opened' for name in missing]
+        if not missing:
+            # Why raw (compatibility): diskcache has no call that describes its table.
+            columns = {row[1] for row in self._con.execute('PRAGMA table_info(Cache)').fetchall()}
+            problems += [f'stores no column {name!r} in its Cache table' for name in sorted(_COLUMNS - columns)]
+        if problems:
+            raise _incompatible(str(self.directory), str(getattr(diskcache, '__version__', '?')), problems)
+        _check_files(database)  # SQLite opened the file by name: it must still be the one checked before
+
+    def reset(self, key: str, value: Any = _ENOVAL, update: bool = True) -> Any:
         if key in self._pinned:
-            if value is _core.ENOVAL:  # asked to reload: the opener's value, not what the table holds now
+            if value is _ENOVAL:  # asked to reload: the opener's value, not what the table holds now
                 setattr(self, key, self._pinned[key])
                 return self._pinned[key]
             return super().reset(key, self._pinned[key], update)
-        if key in _core.METADATA:  # counters (count, size, hits, misses): harmless, read as diskcache does
+        if key in _METADATA:  # counters (count, size, hits, misses): harmless, read as diskcache does
             return super().reset(key, value, update)
         return None  # a Settings row this version does not know is never applied
 
-    # The two calls below run on every step a journal records. They read and write the very rows
-    # `get` and `set` would, as one indexed statement each instead of diskcache's several with their
-    # bookkeeping, which made up most of a fenced write's cost; anything unusual takes `set`'s path.
+    # Every SQL statement on the journal's database is below, each with why diskcache's API is not used.
+    # `read_text` and `put_text` (speed): they run on every step a journal records, and read and write the
+    # very rows `get` and `set` would, as one indexed statement each instead of diskcache's several with
+    # their bookkeeping, which made up most of a fenced write's cost; anything unusual takes `set`'s path.
 
     def read_text(self, key: str) -> Any:
         """What `get(key)` returns (the row's JSON text, `BAD_VALUE` or `None`), in one SELECT."""
@@ -246,6 +348,8 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[Callable[[], None]]:
         """A savepoint in the open transaction; calling what it yields undoes what was written since (CC-9)."""
+        # Why raw (atomicity): `transact` nests without savepoints, so one refused write of a shared commit
+        # could only roll back the whole commit, the other executions' writes with it.
         execute = self._con.execute
         execute('SAVEPOINT journal_write')
 
@@ -272,6 +376,7 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
 
     def keys_between(self, low: str, high: str, *, limit: int) -> list[str]:
         """Up to `limit` keys `low <= key < high`, in order, through the key index (no scan of the journal)."""
+        # Why raw (speed): `iterkeys` walks every key from the first; this reads one range of the index.
         rows = self._con.execute(
             'SELECT key FROM Cache WHERE key >= ? AND key < ? AND raw = 1 ORDER BY key LIMIT ?', (low, high, limit)
         ).fetchall()
@@ -279,6 +384,7 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
 
     def leases_naming(self, fragment: str, *, besides: str) -> bool:
         """Whether a lease row (`<eid>/l`) other than `besides` holds `fragment`, a holder's process token."""
+        # Why raw (speed): through the API, every key and every lease would be read into Python to look.
         row = self._con.execute(
             "SELECT 1 FROM Cache WHERE key GLOB '*/l' AND key != ? AND raw = 1 AND instr(value, ?) > 0 LIMIT 1",
             (besides, fragment),
@@ -289,13 +395,46 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
     def _con(self) -> sqlite3.Connection:
         con: sqlite3.Connection = super()._con
         if getattr(self._local, 'hardened', None) is not con:
+            # Why raw (safety): diskcache has no setting for it, and a connection must not run without it.
             con.execute('PRAGMA trusted_schema = OFF')
             self._local.hardened = con
         return con
 
 
+def _create_database(database: Path, file_mode: int) -> None:
+    """Make `cache.db` with the journal's mode if it is missing, and refuse journal files that are not files (J-9).
+
+    No descriptor of `cache.db` is ever opened here, not even for a moment: on POSIX, closing any
+    descriptor of a file releases every fcntl lock the process holds on it, SQLite's own included, so
+    another `DiskJournal` of this process, or another thread's connection, would lose its locks and a
+    process beside it could checkpoint and reset the write-ahead log under them ("database disk image
+    is malformed"). A missing file is made under a temporary name and linked into place (`make_file`);
+    an existing one is only looked at (`lstat`), never opened.
+    """
+    if not op.lexists(database):
+        make_file(database, file_mode)
+    _check_files(database)
+
+
+def _check_files(database: Path) -> None:
+    """Refuse a database that is a symbolic link or not a regular file, and `-wal` or `-shm` links.
+
+    A link could point the journal at another of the user's files. SQLite opens these files by name, so
+    a link put in place between this check and its open is caught by the same check after it; the
+    directory itself is private or refused (B-16), so only its owner could race it.
+    """
+    found = os.lstat(database)
+    if stat.S_ISLNK(found.st_mode):
+        raise OSError(errno.ELOOP, 'a journal file must not be a symbolic link', str(database))
+    if not stat.S_ISREG(found.st_mode):
+        raise OSError(f'{str(database)!r} is not a regular file')
+    for companion in ('-wal', '-shm'):
+        if op.islink(f'{database}{companion}'):
+            raise OSError(f'{str(database) + companion!r} is a symbolic link; a journal file must not be one')
+
+
 def _warn_if_shared(database: Path, file_mode: int) -> None:
-    """One WARNING when the database grants others more than the journal's mode (e.g. a 0.1.0 journal)."""
+    """One WARNING when the database grants others more than the journal's mode (made before files were private)."""
     loose = [(path, bits) for path in _database_files(database) if (bits := looser_than(path, file_mode)) is not None]
     if not loose:
         return
@@ -303,8 +442,8 @@ def _warn_if_shared(database: Path, file_mode: int) -> None:
     log.warning(
         'The journal %r: %s can be read or written by other users, more than the journal mode %s allows; '
         'they keep recorded prompts, model answers and tool results. If it is not shared on purpose, run '
-        '`chmod %o %s` (files created by pydantic-ai-durable-journal 0.1.0 got the umask default); if it is, pass '
-        'DiskJournal(mode=...) to match.',
+        "`chmod %o %s` (journals made before pydantic-ai-durable created its files private got the umask's "
+        'mode); if it is, pass DiskJournal(mode=...) to match.',
         str(database.parent),
         shown,
         f'{file_mode:#o}',

@@ -9,12 +9,14 @@ exists: a journal someone shared on purpose is not tightened behind their back.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import secrets
 import stat
 from pathlib import Path
 
-__all__ = ('DEFAULT_MODE', 'check_mode', 'directory_mode', 'looser_than', 'make_directory', 'open_file')
+__all__ = ('DEFAULT_MODE', 'check_mode', 'directory_mode', 'looser_than', 'make_directory', 'make_file', 'open_file')
 
 DEFAULT_MODE = 0o600
 """Files only their owner can read and write, in directories only the owner can enter (`0o700`)."""
@@ -71,28 +73,61 @@ def open_file(path: Path, file_mode: int = DEFAULT_MODE, flags: int = os.O_RDWR)
     """A file descriptor on the regular file `path`, created with exactly `file_mode` if it is missing.
 
     A symbolic link is refused (`OSError`) instead of followed, so nobody who can write the directory can
-    point a journal file at another of the user's files. An existing file keeps its mode.
+    point a journal file at another of the user's files. An existing file keeps its mode. Never for a
+    database file: see `make_file`.
     """
     if os.path.islink(path):  # O_NOFOLLOW below closes the race; this check gives the clear message
         raise OSError(errno.ELOOP, 'a journal file must not be a symbolic link', str(path))
     base = flags & ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC)
     try:
-        fd = os.open(path, base | os.O_CREAT | os.O_EXCL | _NOFOLLOW, file_mode)
+        return _create(path, file_mode, base)
     except FileExistsError:
         fd = os.open(path, base | _NOFOLLOW)
-    else:
-        try:  # the umask may have taken away bits that were asked for
-            if hasattr(os, 'fchmod'):
-                os.fchmod(fd, file_mode)
-            else:  # pragma: no cover - Windows before Python 3.13
-                os.chmod(path, file_mode)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f'{str(path)!r} is not a regular file')
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_file(path: Path, file_mode: int = DEFAULT_MODE) -> bool:
+    """Create the empty file `path` with exactly `file_mode`, and hold no descriptor of it once it has its name.
+
+    For a database file: on POSIX, closing any descriptor of a file releases every fcntl lock the process
+    holds on it, SQLite's included, and a connection of this process may open the file as soon as it has
+    its name. So the file is made under a temporary name beside `path`, given its mode and closed, then
+    linked to `path`; a link never replaces, so a file that is there already (another process made it
+    meanwhile, or it is a link) is kept and `False` returned. On a file system without hard links the
+    file is created in place with `O_EXCL`, so the descriptor closed is only ever of a file this call
+    just made.
+    """
+    temporary = path.with_name(f'.{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp')
+    os.close(_create(temporary, file_mode, os.O_RDONLY))
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links on this file system (EPERM, ENOTSUP): create it in place
+        try:
+            os.close(_create(path, file_mode, os.O_RDONLY))
+        except FileExistsError:
+            return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+    return True
+
+
+def _create(path: Path, file_mode: int, flags: int) -> int:
+    """A descriptor of a new file at `path`, made with exactly `file_mode`; `FileExistsError` if anything is there."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | _NOFOLLOW, file_mode)
+    try:  # the umask may have taken away bits that were asked for
+        if hasattr(os, 'fchmod'):
+            os.fchmod(fd, file_mode)
+        else:  # pragma: no cover - Windows before Python 3.13
+            os.chmod(path, file_mode)
     except BaseException:
         os.close(fd)
         raise
