@@ -2,6 +2,10 @@
 
 `python disk_worker.py record DIR KEY` records one execution of the two-step agent and exits.
 
+`python disk_worker.py forked DIR GATE` records `parent` with a connection in a second, live thread, forks a
+child that records `child` (then says so: `GATE/child`), and exits. The child waits for `GATE/go`, lists the
+journal three times, through its journal and a new one, and writes what it saw to `GATE/result`.
+
 `python disk_worker.py churn DIR NAME SECONDS GATE OTHER...` says it is ready (the file `GATE/NAME`), waits
 for the file `GATE/go`, then for SECONDS records, forks, exports and imports executions, writes its own
 counter (the metadata of the execution `tick/NAME`) after each round and checks that the counters of the
@@ -13,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -103,8 +109,44 @@ async def churn(directory: str, name: str, seconds: float, gate: Path, others: l
     return {'keys': keys, 'errors': errors, 'reads': reads, 'rounds': rounds}
 
 
+def forked(directory: str, gate: Path) -> None:
+    journal = DiskJournal(directory)
+    asyncio.run(record(journal, 'parent'))
+    ready, stop = threading.Event(), threading.Event()
+
+    def reader() -> None:  # a connection of another thread, alive when the process forks
+        asyncio.run(journal.list_executions())
+        ready.set()
+        stop.wait()
+
+    threading.Thread(target=reader, daemon=True).start()
+    ready.wait()
+    if os.fork() != 0:
+        while not (gate / 'child').exists():
+            time.sleep(0.01)
+        os._exit(0)  # the parent goes, its connections with it
+    seen: list[Any] = []
+    try:
+        mine = DiskJournal(directory)
+        asyncio.run(record(mine, 'child'))
+        (gate / 'child').touch()
+        while not (gate / 'go').exists():
+            time.sleep(0.01)
+        for _ in range(3):
+            for reading in (mine, DiskJournal(directory)):
+                seen.append(sorted(info.key for info in asyncio.run(reading.list_executions())))
+    except Exception as exc:
+        seen.append(f'{type(exc).__name__}: {exc}')
+    finally:
+        (gate / 'result').write_text(json.dumps(seen))
+        os._exit(0)
+
+
 def main() -> None:
     command, directory = sys.argv[1], sys.argv[2]
+    if command == 'forked':
+        forked(directory, Path(sys.argv[3]))
+        return
     if command == 'record':
         journal = DiskJournal(directory)
         asyncio.run(record(journal, sys.argv[3]))

@@ -83,6 +83,32 @@ async def test_j9_a_second_journal_object_in_a_process_keeps_the_first_ones_lock
     assert _integrity(path) == 'ok'
 
 
+@POSIX
+@pytest.mark.once
+@pytest.mark.skipif(not hasattr(os, 'fork'), reason='needs fork')
+def test_j9_a_forked_child_takes_its_own_locks_whatever_its_parent_had_open(tmp_path: Path) -> None:
+    """A process with journal connections in two threads forks; the child records, the parent exits.
+
+    SQLite records per process which locks its connections hold, and a child inherits the record without
+    the locks: its own connections then took theirs for held and held none, so once the parent was gone
+    another process's exit reset the write-ahead log under the child ("database disk image is malformed").
+    """
+    path, gate = tmp_path / 'journal', tmp_path / 'gate'
+    gate.mkdir()
+    with open(tmp_path / 'forked.log', 'w') as log:  # a file, not a pipe: the child outlives the parent
+        parent = subprocess.Popen([sys.executable, str(WORKER), 'forked', str(path), str(gate)], stderr=log)
+    assert parent.wait(timeout=120) == 0, (tmp_path / 'forked.log').read_text()
+    assert (gate / 'child').exists()  # the parent exited once its child had recorded
+    other = _worker('record', str(path), 'third')
+    assert other.returncode == 0, other.stderr
+    (gate / 'go').touch()
+    deadline = time.monotonic() + 120
+    while not (gate / 'result').exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert json.loads((gate / 'result').read_text()) == [['child', 'parent', 'third']] * 6
+    assert _integrity(path) == 'ok'
+
+
 STRESS_SECONDS = float(os.environ.get('DISK_STRESS_SECONDS', '60'))
 """How long the stress test below runs, over all its shapes together (60 s in CI, once)."""
 SHAPES = ((1, 2), (2, 3), (3, 4), (4, 2))

@@ -13,7 +13,8 @@ what to install (`check_diskcache`).
 SQLite's locks stay SQLite's (J-9). On POSIX, closing any descriptor of a file releases every fcntl lock
 the process holds on it, SQLite's included, and another process then checkpoints and resets the
 write-ahead log under this process's connections. Nothing here opens, closes or locks `cache.db`, `-wal`
-or `-shm` outside SQLite (`_create_database`).
+or `-shm` outside SQLite (`_create_database`), and a forked child closes the connections it inherited
+before it opens its own (`_close_inherited`).
 
 Rows that reading can never turn into code (J-8). diskcache's own `Disk` unpickles every row whose `mode`
 column says pickle and every key whose `raw` flag is off, reads and deletes whatever side file a row's
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import logging
 import os
 import os.path as op
@@ -50,6 +52,7 @@ import re
 import sqlite3
 import stat
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -300,6 +303,7 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
         except BaseException:
             self.close()
             raise
+        _OPEN.add(self)
         _warn_if_shared(database, file_mode)
 
     def _check_opened(self, database: Path) -> None:
@@ -399,6 +403,32 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
             con.execute('PRAGMA trusted_schema = OFF')
             self._local.hardened = con
         return con
+
+
+_OPEN: weakref.WeakSet[JournalCache] = weakref.WeakSet()
+"""Every cache of this process, so that a forked child can close the connections it inherited (J-9)."""
+
+
+def _close_inherited() -> None:
+    """In a forked child: close every connection inherited from the parent, before the child opens its own.
+
+    SQLite keeps, per process, which locks its connections hold on each file. A child inherits that record
+    but not the locks, so a connection it opens on the same file takes the locks for held and holds none:
+    once the parent closed its own, another process could reset the write-ahead log under the child. The
+    forking thread's connections are closed here; those of the parent's other threads are unreachable
+    garbage in the child (their threads are gone), closed by collecting it. The parent's locks are the
+    parent's and are not touched. diskcache closes the first kind too, but only once a cache is used again.
+    """
+    if not _OPEN:
+        return
+    for cache in list(_OPEN):
+        with contextlib.suppress(Exception):
+            cache.close()
+    gc.collect()
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_close_inherited)
 
 
 def _create_database(database: Path, file_mode: int) -> None:
