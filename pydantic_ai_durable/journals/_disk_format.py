@@ -60,7 +60,7 @@ from typing import Any
 import diskcache  # type: ignore[import-untyped]
 
 from .._errors import JournalUnavailable
-from ._files import DEFAULT_MODE, looser_than, make_directory, make_file
+from ._files import CONFINABLE, DEFAULT_MODE, make_directory, make_file, remove_inside
 
 __all__ = ('BAD_KEY', 'BAD_VALUE', 'DATABASE', 'TESTED_DISKCACHE', 'JournalCache', 'JournalDisk')
 
@@ -99,10 +99,6 @@ _COLUMNS = frozenset(('key', 'raw', 'mode', 'filename', 'value', 'size', 'tag', 
 """The columns of diskcache's `Cache` table that the statements below read or write."""
 _SIDE_FILE = re.compile(r'([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{28}\.val)')
 """The only side-file name diskcache generates (`Disk.filename`): two levels of hex directories."""
-_CONFINABLE = (
-    {os.open, os.unlink, os.rmdir} <= os.supports_dir_fd and hasattr(os, 'O_DIRECTORY') and hasattr(os, 'O_NOFOLLOW')
-)
-"""Whether side files can be removed relative to directory descriptors, never through a symbolic link."""
 
 
 def _release(text: str) -> tuple[int, ...]:
@@ -225,38 +221,11 @@ class JournalDisk(diskcache.Disk):  # type: ignore[misc]
         if file_path is None:
             return
         match = _SIDE_FILE.fullmatch(file_path) if isinstance(file_path, str) else None
-        if match is None or not _CONFINABLE:
+        if match is None or not CONFINABLE:
             self._refuse(f'a side file ({file_path!r})')
             return
         first, second, name = match.groups()
-        _remove_inside(self._directory, first, second, name)
-
-
-def _remove_inside(root: str, first: str, second: str, name: str) -> None:
-    search = os.O_RDONLY | os.O_DIRECTORY
-    opened: list[int] = []
-    try:
-        top = os.open(root, search)
-        opened.append(top)
-        outer = os.open(first, search | os.O_NOFOLLOW, dir_fd=top)
-        opened.append(outer)
-        inner = os.open(second, search | os.O_NOFOLLOW, dir_fd=outer)
-        opened.append(inner)
-    except OSError:  # missing, or a symbolic link where a directory should be: nothing of ours to remove
-        for fd in reversed(opened):
-            os.close(fd)
-        return
-    try:
-        # Suppressed like diskcache does: two openers may remove the same file at the same time.
-        with contextlib.suppress(OSError):
-            os.unlink(name, dir_fd=inner)  # a link is removed itself, never what it points to
-        with contextlib.suppress(OSError):
-            os.rmdir(second, dir_fd=outer)
-        with contextlib.suppress(OSError):
-            os.rmdir(first, dir_fd=top)
-    finally:
-        for fd in reversed(opened):
-            os.close(fd)
+        remove_inside(self._directory, first, second, name)
 
 
 _DEFAULTS: dict[str, Any] = {
@@ -304,7 +273,6 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
             self.close()
             raise
         _OPEN.add(self)
-        _warn_if_shared(database, file_mode)
 
     def _check_opened(self, database: Path) -> None:
         """What can only be checked on an open cache: diskcache's own parts, and files that are still ours."""
@@ -461,26 +429,3 @@ def _check_files(database: Path) -> None:
     for companion in ('-wal', '-shm'):
         if op.islink(f'{database}{companion}'):
             raise OSError(f'{str(database) + companion!r} is a symbolic link; a journal file must not be one')
-
-
-def _warn_if_shared(database: Path, file_mode: int) -> None:
-    """One WARNING when the database grants others more than the journal's mode (made before files were private)."""
-    loose = [(path, bits) for path in _database_files(database) if (bits := looser_than(path, file_mode)) is not None]
-    if not loose:
-        return
-    shown = ', '.join(f'{path.name} ({bits:#o})' for path, bits in loose)
-    log.warning(
-        'The journal %r: %s can be read or written by other users, more than the journal mode %s allows; '
-        'they keep recorded prompts, model answers and tool results. If it is not shared on purpose, run '
-        "`chmod %o %s` (journals made before pydantic-ai-durable created its files private got the umask's "
-        'mode); if it is, pass DiskJournal(mode=...) to match.',
-        str(database.parent),
-        shown,
-        f'{file_mode:#o}',
-        file_mode,
-        ' '.join(str(path) for path, _ in loose),
-    )
-
-
-def _database_files(database: Path) -> list[Path]:
-    return [database, database.with_name(database.name + '-wal'), database.with_name(database.name + '-shm')]

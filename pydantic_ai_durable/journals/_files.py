@@ -4,7 +4,8 @@ A journal holds prompts, model answers and tool results, so under the usual umas
 out world-readable. The mode is given as the files' mode (`0o600` by default); directories get the
 same bits plus the search bit wherever the file mode grants read or write, so `0o660` means a group
 share with `0o770` directories. Modes are applied when a path is created and never to one that
-exists: a journal someone shared on purpose is not tightened behind their back.
+exists: a journal someone shared on purpose is not tightened behind their back. Files are removed
+relative to directory descriptors, never through a symbolic link (`remove_inside`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,26 @@ import secrets
 import stat
 from pathlib import Path
 
-__all__ = ('DEFAULT_MODE', 'check_mode', 'directory_mode', 'looser_than', 'make_directory', 'make_file', 'open_file')
+__all__ = (
+    'CONFINABLE',
+    'DEFAULT_MODE',
+    'check_mode',
+    'directory_mode',
+    'looser_than',
+    'make_directory',
+    'make_file',
+    'open_file',
+    'remove_inside',
+)
 
 DEFAULT_MODE = 0o600
 """Files only their owner can read and write, in directories only the owner can enter (`0o700`)."""
 
 _NOFOLLOW = getattr(os, 'O_NOFOLLOW', 0)
+CONFINABLE = (
+    {os.open, os.unlink, os.rmdir} <= os.supports_dir_fd and hasattr(os, 'O_DIRECTORY') and hasattr(os, 'O_NOFOLLOW')
+)
+"""Whether `remove_inside` can work here: relative to directory descriptors, never through a symbolic link."""
 
 
 def check_mode(mode: object) -> int:
@@ -141,3 +156,31 @@ def looser_than(path: Path, file_mode: int) -> int | None:
     except OSError:
         return None
     return bits if bits & ~file_mode & 0o777 else None
+
+
+def remove_inside(root: str, first: str, second: str, name: str) -> None:
+    """Remove `root/first/second/name` and then its two directories if emptied, never following a symbolic link."""
+    search = os.O_RDONLY | os.O_DIRECTORY
+    opened: list[int] = []
+    try:
+        top = os.open(root, search)
+        opened.append(top)
+        outer = os.open(first, search | os.O_NOFOLLOW, dir_fd=top)
+        opened.append(outer)
+        inner = os.open(second, search | os.O_NOFOLLOW, dir_fd=outer)
+        opened.append(inner)
+    except OSError:  # missing, or a symbolic link where a directory should be: nothing of ours to remove
+        for fd in reversed(opened):
+            os.close(fd)
+        return
+    try:
+        # Suppressed like diskcache does: two openers may remove the same file at the same time.
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=inner)  # a link is removed itself, never what it points to
+        with contextlib.suppress(OSError):
+            os.rmdir(second, dir_fd=outer)
+        with contextlib.suppress(OSError):
+            os.rmdir(first, dir_fd=top)
+    finally:
+        for fd in reversed(opened):
+            os.close(fd)
