@@ -132,7 +132,7 @@ def _incompatible(directory: str, version: str, problems: list[str]) -> JournalU
         f"The journal {directory!r} was not opened: DiskJournal reads and writes diskcache's database with "
         f'statements of its own, so it runs only on the diskcache releases it was tested with ({low} up to '
         f'{high}, not included), and the installed diskcache {version} {"; ".join(problems)}. Install a tested '
-        f'release (pip install "diskcache>={low},<{high}"). Nothing was opened or written. (J-10)'
+        f'release (pip install "diskcache>={low},<{high}"). No entry was read or written. (J-10)'
     )
 
 
@@ -298,7 +298,7 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
             return super().reset(key, value, update)
         return None  # a Settings row this version does not know is never applied
 
-    # Every SQL statement on the journal's database is below, each with why diskcache's API is not used.
+    # Every SQL statement the journal runs itself is in this class, each with why diskcache's API is not used.
     # `read_text` and `put_text` (speed): they run on every step a journal records, and read and write the
     # very rows `get` and `set` would, as one indexed statement each instead of diskcache's several with
     # their bookkeeping, which made up most of a fenced write's cost; anything unusual takes `set`'s path.
