@@ -13,16 +13,18 @@ import asyncio
 import json
 import os
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import diskcache
 import pytest
 from disk_worker import TICK, read_ticks, record, tick
-from helpers import Calls, two_step_agent
+from helpers import Calls, Operator, two_step_agent
 from packaging.version import Version
 
 from pydantic_ai_durable import DiskJournal, JournalUnavailable, execution
@@ -81,6 +83,45 @@ async def test_j9_a_second_journal_object_in_a_process_keeps_the_first_ones_lock
             assert (await _replays_without_calls(journal, key)).counts == {}
         await journal.close()
     assert _integrity(path) == 'ok'
+
+
+@pytest.mark.parametrize('where', ['new', 'existing', 'no hard links'])
+async def test_j9_no_code_of_the_package_opens_the_database_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Every descriptor of `cache.db`, `-wal` and `-shm` is SQLite's: Python's `os.open` never sees one.
+
+    Where the file system has no hard links, a new database is created in place, exclusively: the one
+    descriptor closed is of a file nobody else can have open yet.
+    """
+    path = tmp_path / 'journal'
+    first = DiskJournal(path)
+    if where == 'existing':  # and open in this process: the case where a descriptor closed would cost its locks
+        await first.open()
+    if where == 'no hard links':
+
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise PermissionError(1, 'Operation not permitted')
+
+        monkeypatch.setattr(os, 'link', refuse)
+    opened: list[str] = []
+    real_open = os.open
+
+    def watching(file: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.fsdecode(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(os, 'open', watching)
+    journal = DiskJournal(path)
+    await journal.open()
+    assert await Operator(journal).write_entry('k', '0', 0, {'v': 1})
+    monkeypatch.undo()
+    await journal.close()
+    await first.close()
+    database = [name for name in opened if Path(name).name.startswith('cache.db')]
+    assert database == ([str(path / 'cache.db')] if where == 'no hard links' else []), opened
+    assert stat.S_IMODE((path / 'cache.db').stat().st_mode) == 0o600
+    assert sorted(p.name for p in path.iterdir() if p.name.endswith('.tmp')) == []  # no temporary left behind
 
 
 @POSIX
