@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Calls, elsewhere, two_step_agent
+from helpers import Calls, Operator, elsewhere, two_step_agent
 from pg import fresh_schema
 
 from pydantic_ai_durable import (
@@ -313,6 +313,31 @@ async def test_fn2_the_end_of_a_successful_attempt_prunes_expired_executions(
     assert left == sorted(['next', *present[8:]]), (present, left)
     await _finish(journal, 'after')
     assert sorted(await _states(journal)) == ['after', 'next']
+
+
+async def test_fn2_prune_without_a_limit_deletes_every_expired_execution_however_many(
+    new_journal: Callable[[], Journal],
+) -> None:
+    """`prune()` goes through the whole retention index, past any batch a backend reads it in.
+
+    The disk journal read the index 1,000 rows at a time and stopped after the first batch, so a journal
+    that fell behind (a process down for a while) kept the rest until later prunes got to them.
+    """
+    journal = new_journal()
+    operator = Operator(journal)
+    keys = [f'due-{n:04d}' for n in range(1_050)]
+    for key in keys:
+        record = {'v': 1, 'key': key, 'runs': [], 'attempts': 1, 'status': 'finished', 'retention': 0.0}
+        assert await operator.write_execution(key, record)
+    held = await journal.acquire_lease(keys[0], 'tests-live-holder', 60)  # due, but a live lease holds it
+    try:
+        first = await journal.prune(limit=1_020)  # past the first batch, and past the one it may not delete
+        assert len(first) == 1_020 and keys[0] not in first
+        assert sorted(first + await journal.prune()) == keys[1:]
+        assert [info.key for info in await journal.list_executions()] == [keys[0]]
+    finally:
+        await journal.release_lease(keys[0], 'tests-live-holder', held.epoch)
+    assert await journal.prune() == [keys[0]]
 
 
 async def test_fn2_a_finished_execution_entered_again_is_out_of_retention_until_it_ends(

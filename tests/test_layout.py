@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -187,6 +188,37 @@ def test_the_package_the_cli_and_the_pytest_plugin_load_without_pydantic_ai() ->
                     seen.add(target)
                     path[target] = [*path[current], target]
                     waiting.append(target)
+
+
+DISK_STORAGE = 'journals._disk_format'
+"""The one module that talks to diskcache and to SQLite: every statement on a disk journal's database (J-10)."""
+SQL = re.compile(r'\b(SELECT|INSERT|UPDATE|DELETE|REPLACE|PRAGMA|SAVEPOINT|BEGIN|COMMIT|ROLLBACK|VACUUM)\b')
+DISKCACHE_INTERNALS = frozenset({'_con', '_sql', '_sql_retry', '_local', '_disk', '_txn_id', '_transact'})
+
+
+def test_j10_one_module_imports_diskcache_or_sqlite3_and_holds_every_statement_on_the_disk_database() -> None:
+    importing = sorted(
+        f'{edge.source} imports {edge.target} (line {edge.line})'
+        for edge in _edges()
+        if edge.outside and edge.target in ('diskcache', 'sqlite3') and edge.source != DISK_STORAGE
+    )
+    assert not importing, f'only {DISK_STORAGE} may import diskcache or sqlite3:\n' + '\n'.join(importing)
+    for name, path in import_graph.modules().items():
+        if name == DISK_STORAGE or not name.startswith(('journals.disk', 'journals._disk_')):
+            continue
+        tree = ast.parse(path.read_text(encoding='utf-8'))
+        statements = [
+            f'line {node.lineno}: {node.value[:60]!r}'
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL.search(node.value)
+        ]
+        assert not statements, f'{name} holds SQL; it belongs in {DISK_STORAGE}:\n' + '\n'.join(statements)
+        internals = [
+            f'line {node.lineno}: .{node.attr}'
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in DISKCACHE_INTERNALS
+        ]
+        assert not internals, f'{name} reaches into diskcache; only {DISK_STORAGE} may:\n' + '\n'.join(internals)
 
 
 def test_no_module_is_over_the_line_limit() -> None:

@@ -16,10 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import diskcache  # type: ignore[import-untyped]
-
 from .._errors import JournalError, JournalUnavailable
-from ..journals import KEYS_VARIABLE, DiskJournal, Encryption, Journal, default_directory, mask_dsn, reseal, scrub
+from ..journals import (
+    DATABASE,
+    KEYS_VARIABLE,
+    DiskJournal,
+    Encryption,
+    Journal,
+    default_directory,
+    mask_dsn,
+    reseal,
+    scrub,
+)
 
 __all__ = ('EXIT_NOT_FOUND', 'EXIT_OK', 'EXIT_USAGE', 'Failure', 'Target', 'open_target', 'run_on')
 
@@ -121,8 +129,8 @@ def _open(value: str | None, schema: str | None, *, creating: bool) -> Target:
             raise Failure(f'no journal at {where}: the directory does not exist')
         if not path.is_dir():
             raise Failure(f'no journal at {where}: it is a file, not a journal directory')
-        if not (path / diskcache.core.DBNAME).is_file():
-            raise Failure(f'no journal at {where}: the directory holds no {diskcache.core.DBNAME}')
+        if not (path / DATABASE).is_file():
+            raise Failure(f'no journal at {where}: the directory holds no {DATABASE}')
     except OSError as exc:
         raise Failure(f'cannot open the journal {where}: {_one_line(exc)}') from None
     return Target(DiskJournal(path), label)

@@ -17,12 +17,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-import diskcache  # type: ignore[import-untyped]
-
 from .._errors import JournalUnavailable
 from . import _json
-from ._disk_format import JournalCache
-from ._files import open_file
+from ._disk_format import DATABASE, JournalCache
+from ._files import looser_than, open_file
 
 __all__ = ('Durability', 'check_directory', 'open_cache', 'place_of', 'safe_place')
 
@@ -64,6 +62,7 @@ def open_cache(path: Path, durability: Durability, mode: int) -> Any:
     except BaseException:
         cache.close()
         raise
+    _warn_if_shared(path / DATABASE, mode)
     return cache
 
 
@@ -143,7 +142,7 @@ def _refuse_truncated_database(path: Path) -> None:
     Without the id file beside it, an empty database is a creation that was interrupted (the file is
     made with its mode first, then initialised), so it is simply created.
     """
-    database = path / diskcache.core.DBNAME
+    database = path / DATABASE
     with contextlib.suppress(OSError):
         if database.is_file() and database.stat().st_size == 0 and (path / _MARKER).exists():
             raise _lost_store(path, f'its database {str(database)!r} is empty (zero bytes; truncated?)')
@@ -186,3 +185,26 @@ def _check_identity(path: Path, mode: int, cache: Any) -> None:
 def _value_files(path: Path) -> Any:
     """Files diskcache would have written values to (`ab/cd/<name>.val`), if any are left."""
     return path.glob('[0-9a-f][0-9a-f]/[0-9a-f][0-9a-f]/*.val')
+
+
+def _warn_if_shared(database: Path, file_mode: int) -> None:
+    """One WARNING when the database grants others more than the journal's mode (made before files were private)."""
+    loose = [(path, bits) for path in _database_files(database) if (bits := looser_than(path, file_mode)) is not None]
+    if not loose:
+        return
+    shown = ', '.join(f'{path.name} ({bits:#o})' for path, bits in loose)
+    log.warning(
+        'The journal %r: %s can be read or written by other users, more than the journal mode %s allows; '
+        'they keep recorded prompts, model answers and tool results. If it is not shared on purpose, run '
+        "`chmod %o %s` (journals made before pydantic-ai-durable created its files private got the umask's "
+        'mode); if it is, pass DiskJournal(mode=...) to match.',
+        str(database.parent),
+        shown,
+        f'{file_mode:#o}',
+        file_mode,
+        ' '.join(str(path) for path, _ in loose),
+    )
+
+
+def _database_files(database: Path) -> list[Path]:
+    return [database, database.with_name(database.name + '-wal'), database.with_name(database.name + '-shm')]

@@ -13,12 +13,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from . import _json
 
-__all__ = ('EXPIRY', 'RESERVE', 'Heads', 'delete_run_items', 'entry_key', 'expiry_key', 'record_key')
+__all__ = (
+    'EXPIRY',
+    'RESERVE',
+    'Heads',
+    'delete_run_items',
+    'entry_key',
+    'entry_sizes',
+    'expired',
+    'expiry_key',
+    'record_key',
+)
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -27,6 +38,8 @@ RESERVE = 64
 """Positions a head reserves past the last one written: one head update per 64 steps of a run."""
 EXPIRY = 'retain/'
 """Prefix of the retention index: `retain/<deadline in ms, 15 digits>/<eid>`, so keys sort by deadline (FN-2)."""
+_BATCH = 1000
+"""Rows of the retention index read at a time."""
 
 
 def entry_key(eid: str, run: str, position: int) -> str:
@@ -39,6 +52,18 @@ def record_key(eid: str, run: str, name: str) -> str:
 
 def expiry_key(deadline: float, eid: str) -> str:
     return f'{EXPIRY}{max(0, round(deadline * 1000)):015d}/{eid}'
+
+
+def expired(cache: Any, limit: int | None) -> Iterator[str]:
+    """The executions whose retention ended, earliest first, read from the index in batches as far as needed (FN-2)."""
+    size = min(limit or _BATCH, _BATCH)
+    low, high = EXPIRY, expiry_key(time.time(), '')
+    while True:
+        batch = cache.keys_between(low, high, limit=size)
+        yield from (item.rsplit('/', 1)[-1] for item in batch)
+        if len(batch) < size:
+            return
+        low = batch[-1] + '\0'  # the next key after the last one read; those pruned meanwhile are gone anyway
 
 
 class Heads:
@@ -130,3 +155,16 @@ def delete_run_items(cache: Any, eid: str, run: str, state: dict[str, Any]) -> N
     for name in state.get('records', []):
         if isinstance(name, str):
             cache.delete(record_key(eid, run, name))
+
+
+def entry_sizes(cache: Any) -> dict[tuple[str, str], tuple[int, int]]:
+    """How many entries, and how many bytes of JSON text, each `(execution digest, run)` holds: one scan."""
+    sizes: dict[tuple[str, str], tuple[int, int]] = {}
+    for key, size in cache.entry_lengths():
+        parts = key.split('/') if isinstance(key, str) else []
+        if len(parts) != 4 or parts[1] != 'e':
+            continue
+        place = (parts[0], parts[2])
+        count, total = sizes.get(place, (0, 0))
+        sizes[place] = (count + 1, total + int(size or 0))
+    return sizes

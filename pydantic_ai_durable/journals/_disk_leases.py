@@ -62,7 +62,7 @@ def parse_lease(text: Any) -> Held | None:
         return None
     return Held(
         stored['holder'],
-        epoch if type(epoch) is int else 0,  # a lease of 0.1.0 has none: no writer can carry it
+        epoch if type(epoch) is int else 0,  # stored before leases had epochs: no writer carries 0
         float(expires),
         float(until) if isinstance(until, (int, float)) else None,
         boot if isinstance(boot, str) else None,

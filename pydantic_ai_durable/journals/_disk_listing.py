@@ -1,4 +1,4 @@
-"""A disk journal listed a page at a time (B-17): two partial indexes over `cache.db` and the statements reading them.
+"""A disk journal listed a page at a time (B-17), through two partial indexes over `cache.db`.
 
 Listing every execution reads every head, record and entry of the journal; an operator's screen needs one
 page of the most recently changed executions and how many there are in each state. Heads (`{eid}/h`) are
@@ -6,42 +6,25 @@ rewritten with every change of their execution, so the time SQLite stamps on a h
 executions by their last change; a partial index covering the heads' rows (`journal_heads`) reads them in
 that order, and another (`journal_leases`) finds the few lease rows without a scan. Both are derived data:
 created on the first listing, kept by SQLite from then on, and a journal that cannot take them (read-only)
-is still listed correctly, only slower. Every SQL statement of the listing is in this module.
+is still listed correctly, only slower. The statements are `_disk_format`'s (`ListingSql`, J-10); this
+module runs them and judges what a live lease changes.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from . import _json
 from ._common import check_page, described, execution_id, wanted_states
+from ._disk_format import ENTRY_TOTALS, LISTING_INDEXES, ListingSql, NotJson, lease_digests
 from ._disk_leases import held_alive
 from ._protocol import EXECUTION_STATES, RECORDED_STATES, ExecutionInfo, ExecutionPage, ExecutionState
 from ._sealing import Sealer
 
 __all__ = ('Listing',)
-
-_INDEXES = (
-    "CREATE INDEX IF NOT EXISTS journal_heads ON Cache(store_time, key, value) WHERE key GLOB '*/h'",
-    "CREATE INDEX IF NOT EXISTS journal_leases ON Cache(key) WHERE key GLOB '*/l'",
-)
-_EID = 'substr(h.key, 1, length(h.key) - 2)'
-"""A head's or a lease's row key less its `/h` or `/l`: the execution's digest."""
-
-
-def _field(name: str, table: str, safe: bool) -> str:
-    """A field of a row's JSON value; `safe` also reads a value that is not JSON (as `NULL`, never an error)."""
-    extract = f"json_extract({table}.value, '$.{name}')"
-    return f'CASE WHEN json_valid({table}.value) THEN {extract} END' if safe else extract
-
-
-def _record_status() -> str:
-    """The status in the execution record: for a head written before heads carried it (B-17)."""
-    return f"(SELECT {_field('status', 'x', True)} FROM Cache AS x WHERE x.key = {_EID} || '/x')"
 
 
 def _bucket(status: object) -> str:
@@ -58,7 +41,7 @@ class Listing:
         self._sealer = sealer
         self.safe = False
         """Set once a head was found that is not JSON: every statement then checks each value first."""
-        self.indexed = all(cache.add_index(statement) for statement in _INDEXES)
+        self.indexed = all(cache.add_index(statement) for statement in LISTING_INDEXES)
 
     def page(
         self,
@@ -116,31 +99,21 @@ class Listing:
 
     def leased(self) -> list[str]:
         """The digests of the executions with a lease row: live ones, and those a dead holder left."""
-        hint = 'INDEXED BY journal_leases ' if self.indexed else ''
-        rows = self.cache.rows(f"SELECT {_EID} FROM Cache AS h {hint}WHERE h.key GLOB '*/l'")
+        rows = self.cache.rows(lease_digests(self.indexed))
         return [eid for (eid,) in rows if isinstance(eid, str)]
 
-    def _query(self, statement: Callable[[bool], str], params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        """Run a statement built for JSON heads; a head that is not JSON makes it, and every later one, check first."""
+    def _query(
+        self, prefix: str, eid: str | None, pick: Callable[[ListingSql], str], asked: tuple[Any, ...] = ()
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement of `ListingSql`; a head that is not JSON makes it, and every later one, check first."""
         if not self.safe:
+            statements = ListingSql(prefix, eid, False)
             try:
-                return self.cache.rows(statement(False), params)  # type: ignore[no-any-return]
-            except sqlite3.OperationalError as exc:
-                if 'JSON' not in str(exc):
-                    raise
+                return self.cache.rows(pick(statements), (*statements.params, *asked))  # type: ignore[no-any-return]
+            except NotJson:
                 self.safe = True
-        return self.cache.rows(statement(True), params)  # type: ignore[no-any-return]
-
-    @staticmethod
-    def _matching(prefix: str, eid: str | None, safe: bool) -> tuple[str, tuple[Any, ...]]:
-        params: tuple[Any, ...]
-        where, params = "h.key GLOB '*/h'", ()
-        if eid is not None:
-            where, params = f'{where} AND h.key = ?', (f'{eid}/h',)
-        if prefix:
-            key = _field('key', 'h', safe)
-            where, params = f'{where} AND substr({key}, 1, ?) = ?', (*params, len(prefix), prefix)
-        return where, params
+        statements = ListingSql(prefix, eid, True)
+        return self.cache.rows(pick(statements), (*statements.params, *asked))  # type: ignore[no-any-return]
 
     def counts(self, prefix: str, eid: str | None) -> dict[str, int]:
         """How many matching executions are in each state no lease changes (`RECORDED_STATES` and `interrupted`).
@@ -150,39 +123,19 @@ class Listing:
         """
         counts: dict[str, int] = dict.fromkeys((*RECORDED_STATES, 'interrupted'), 0)
         missing = 0
-        params = self._matching(prefix, eid, False)[1]
-
-        def by_head(safe: bool) -> str:
-            where = self._matching(prefix, eid, safe)[0]
-            return f'SELECT {_field("status", "h", safe)}, count(*) FROM Cache AS h WHERE {where} GROUP BY 1'
-
-        for status, count in self._query(by_head, params):
+        for status, count in self._query(prefix, eid, lambda sql: sql.by_head):
             if status is None:
                 missing += int(count)
             else:
                 counts[_bucket(status)] += int(count)
         if missing:
-
-            def by_record(safe: bool) -> str:
-                where = self._matching(prefix, eid, safe)[0]
-                head = _field('status', 'h', safe)
-                return (
-                    f'SELECT {_record_status()}, count(*) FROM Cache AS h WHERE {where} AND {head} IS NULL GROUP BY 1'
-                )
-
-            for status, count in self._query(by_record, params):
+            for status, count in self._query(prefix, eid, lambda sql: sql.by_record):
                 counts[_bucket(status)] += int(count)
         return counts
 
     def bucket(self, eid: str, prefix: str) -> str | None:
         """The state of one execution its lease aside, when it matches `prefix` (`None`: no head, or no match)."""
-        params = self._matching(prefix, eid, False)[1]
-
-        def one(safe: bool) -> str:
-            where = self._matching(prefix, eid, safe)[0]
-            return f'SELECT coalesce({_field("status", "h", safe)}, {_record_status()}) FROM Cache AS h WHERE {where}'
-
-        rows = self._query(one, params)
+        rows = self._query(prefix, eid, lambda sql: sql.one)
         return _bucket(rows[0][0]) if rows else None
 
     def rows(
@@ -198,34 +151,18 @@ class Listing:
 
         `alive` are the digests of the executions a live lease holds: `running`, whatever their record says.
         """
-        params = self._matching(prefix, eid, False)[1]
         held = json.dumps(sorted(alive))
         statuses = json.dumps(sorted(state for state in wanted if state in RECORDED_STATES))
         recorded = json.dumps(RECORDED_STATES)
-
-        def page(safe: bool) -> str:
-            where = self._matching(prefix, eid, safe)[0]
-            status = f'coalesce({_field("status", "h", safe)}, {_record_status()})'
-            stored = (
-                '(st IN (SELECT value FROM json_each(?)) OR '
-                '(? AND (st IS NULL OR st NOT IN (SELECT value FROM json_each(?)))))'
-            )
-            return (
-                f'SELECT eid, value FROM (SELECT {_EID} AS eid, h.value AS value, h.store_time AS t, h.key AS k, '
-                f'{status} AS st FROM Cache AS h WHERE {where}) '
-                f'WHERE ((eid IN (SELECT value FROM json_each(?)) AND ?) '
-                f'OR (eid NOT IN (SELECT value FROM json_each(?)) AND {stored})) '
-                'ORDER BY t DESC, k DESC LIMIT ? OFFSET ?'
-            )
-
         asked = (held, 'running' in wanted, held, statuses, 'interrupted' in wanted, recorded, limit, offset)
-        return [(found, text) for found, text in self._query(page, (*params, *asked)) if isinstance(found, str)]
+        return [
+            (found, text)
+            for found, text in self._query(prefix, eid, lambda sql: sql.page, asked)
+            if isinstance(found, str)
+        ]
 
     def steps(self, eid: str) -> tuple[int, int]:
         """How many entries the execution holds, and their bytes: a range of the key index, not a scan."""
-        rows = self.cache.rows(
-            'SELECT count(*), coalesce(sum(length(value)), 0) FROM Cache WHERE key >= ? AND key < ?',
-            (f'{eid}/e/', f'{eid}/e0'),
-        )
+        rows = self.cache.rows(ENTRY_TOTALS, (f'{eid}/e/', f'{eid}/e0'))
         count, size = rows[0]
         return int(count), int(size)

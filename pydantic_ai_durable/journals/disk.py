@@ -22,7 +22,7 @@ from . import _json
 from ._common import execution_id, listed, retention_of, state_of, wanted_states
 from ._disk_commits import SharedCommits
 from ._disk_directory import Durability, check_directory, open_cache, place_of, safe_place
-from ._disk_heads import EXPIRY, RESERVE, Heads, delete_run_items, entry_key, expiry_key, record_key
+from ._disk_heads import RESERVE, Heads, delete_run_items, entry_key, entry_sizes, expired, expiry_key, record_key
 from ._disk_leases import (
     alive,
     fence,
@@ -341,7 +341,7 @@ class DiskJournal:
         infos: list[ExecutionInfo] = []
         # One scan per kind of row, not reads per execution and position: ten thousand list in well under
         # a second (WT-1).
-        sizes, texts, leases = cache.entry_sizes(), cache.execution_rows('x'), cache.execution_rows('l')
+        sizes, texts, leases = entry_sizes(cache), cache.execution_rows('x'), cache.execution_rows('l')
         for eid, head in self._heads.every(cache).items():
             text = texts.get(eid)
             live = alive(self.path, parse_lease(leases.get(eid)))
@@ -395,13 +395,8 @@ class DiskJournal:
     ) -> list[str]:
         wanted = wanted_states(states) - {'running'}
         cache = self._open_cache()
-        if older_than is None:  # FN-2: the retention index, oldest first, read only as far as needed
-            candidates = [eid for eid in cache.keys_between(EXPIRY, expiry_key(time.time(), ''), limit=limit or 1000)]
-            candidates = [item.rsplit('/', 1)[-1] for item in candidates]
-        else:
-            candidates = list(self._heads.every(cache))
         pruned: list[str] = []
-        for eid in candidates:
+        for eid in self._heads.every(cache) if older_than is not None else expired(cache, limit):
             if limit is not None and len(pruned) >= limit:
                 break
             with cache.transact():  # the lease is judged in the transaction that deletes (B-13)
