@@ -205,6 +205,42 @@ def test_fl2_a_job_retried_while_its_worker_still_runs_it_runs_its_steps_once(fl
     assert fleet.states() == {f'fleet.research:{job}': 'finished'}
 
 
+# -- a full queue: recovery does not wait behind the backlog (FL-11) -------------------------------------
+
+
+BACKLOG = 24
+"""Jobs queued behind a killed worker's job, each of three tools of 0.4 s: about 16 s of work for two slots."""
+
+
+def test_fl11_a_killed_workers_job_resumes_before_the_backlog_of_a_full_queue_has_run(fleet: Fleet) -> None:
+    fleet.settings['FLEET_TOOL_SECONDS'] = '0.4'
+    first = fleet.start_worker()
+    prompt = 'behind-backlog'
+    release = fleet.effects.hold(prompt, 'tool-2')
+    job = fleet.defer(prompt)
+    fleet.effects.pid_at(prompt, 'tool', 2)
+    fleet.start_worker()
+    backlog = [f'backlog-{n}' for n in range(BACKLOG)]
+    for name in backlog:
+        fleet.defer(name)
+    eventually('both workers to run the backlog', lambda: fleet.effects.count(what='body', phase='start') >= 4)
+    first.kill()  # every slot left (the second worker's two) is taken, and the queue is full
+    release.unlink()
+    assert fleet.output(prompt, job, within=180) == expected_output(prompt)
+    _each_tool_ended_once(fleet, prompt)
+    lines = fleet.effects.lines()
+    resumed = [
+        index
+        for index, line in enumerate(lines)
+        if line.get('prompt') == prompt and (line['what'], line.get('n'), line['phase']) == ('tool', 2, 'start')
+    ]
+    assert len(resumed) >= 2, 'the job did not run tool 2 again'
+    started = {line['prompt'] for line in lines[: resumed[1]] if line['what'] == 'body' and line['prompt'] in backlog}
+    # Recovery and the job it sends again go ahead of the queue: a quarter of the backlog at least is
+    # still waiting when the job runs again (before, it ran again only once the backlog had drained).
+    assert BACKLOG - len(started) >= BACKLOG // 4, f'{len(started)} of {BACKLOG} backlog jobs started first'
+
+
 # -- fifty jobs, two workers, random kills (FL-1..FL-3, FL-6) --------------------------------------------
 
 
