@@ -31,6 +31,7 @@ from ._errors import (
     JournalError,
     JournalUnavailable,
     LeaseLost,
+    MetadataMismatch,
     ReplayDiverged,
 )
 from .journals import DiskJournal, Encryption, ExecutionInfo, Journal, MemoryJournal, PostgresJournal
@@ -85,6 +86,7 @@ __all__ = (
     'LeaseLost',
     'Limits',
     'MemoryJournal',
+    'MetadataMismatch',
     'PostgresJournal',
     'ReplayDiverged',
     'SecretRegistry',

@@ -40,7 +40,9 @@ class App:
         self.celery.conf.update(task_always_eager=eager, task_store_eager_result=True)
         agent = make_agent()
 
-        @durable_task(self.celery, journal=DiskJournal(self.path), lease_ttl=LEASE_TTL, name='eager.research')
+        @durable_task(
+            self.celery, journal=DiskJournal(self.path), lease_ttl=LEASE_TTL, name='eager.research', shared=False
+        )
         async def research(prompt: str) -> str:
             note({'prompt': prompt, 'what': 'body', 'phase': 'start'})
             return (await agent.run(prompt)).output
@@ -166,3 +168,54 @@ def test_fl9_direct_calls_from_two_threads_at_once_are_two_executions(app: App) 
         thread.join(60)
     assert sorted(map(str, outputs)) == [expected_output('thread-0'), expected_output('thread-1')], outputs
     assert len(app.states()) == 2
+
+
+# -- the one Kombu internal the adapter reads (FL-13) -----------------------------------------------
+
+
+def test_fl13_the_kombu_internals_are_checked_against_the_tested_range() -> None:
+    import re
+    import tomllib
+
+    import kombu
+
+    from pydantic_ai_durable.celery import _KOMBU_TESTED, _kombu_redis_problem
+
+    assert _kombu_redis_problem() is None  # the installed Kombu
+    root = Path(__file__).resolve().parent.parent
+    declared = tomllib.loads((root / 'pyproject.toml').read_text())['project']['optional-dependencies']['celery']
+    [bound] = [line for line in declared if line.startswith('kombu')]
+    first, last = _KOMBU_TESTED
+    assert bound == f'kombu>={first[0]}.{first[1]},<{last[0]}.{last[1] + 1}', bound
+    installed = tuple(int(part) for part in re.findall(r'\d+', kombu.__version__)[:2])
+    assert first <= installed <= last, f'Kombu {kombu.__version__} is outside the range the adapter was tested with'
+
+
+def test_fl13_a_kombu_whose_redis_transport_differs_stops_the_worker_with_a_clear_message(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import kombu
+    from celery import Celery
+    from celery.exceptions import ImproperlyConfigured
+    from kombu.transport import redis as transport
+
+    from pydantic_ai_durable import DurableError
+    from pydantic_ai_durable.celery import _RedisUnacked, check_settings, durable_task
+
+    app = Celery('kombu-check', broker='redis://127.0.0.1:1/0')
+    app.conf.worker_prefetch_multiplier = 1
+
+    @durable_task(app, journal=DiskJournal(tmp_path), name='kombu.check', shared=False)
+    def check() -> None: ...
+
+    assert check_settings(app) == []
+    monkeypatch.delattr(transport.QoS, 'restore_by_tag')  # as a Kombu that renamed it would be
+    with pytest.raises(ImproperlyConfigured, match=r'QoS\.restore_by_tag') as refused:
+        check_settings(app)
+    assert f'Kombu {kombu.__version__}' in str(refused.value) and 'tested with Kombu 5.5 to 5.7' in str(refused.value)
+
+    class Channel(transport.Channel):  # type: ignore[misc]
+        def __init__(self) -> None: ...
+
+    with pytest.raises(DurableError, match=r'QoS\.restore_by_tag'):
+        _RedisUnacked(Channel())

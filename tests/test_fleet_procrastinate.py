@@ -192,7 +192,7 @@ def test_fl2_a_job_retried_while_its_worker_still_runs_it_runs_its_steps_once(fl
     release = fleet.effects.hold(prompt, 'tool-1')
     job = fleet.defer(prompt)
     fleet.effects.pid_at(prompt, 'tool', 1)
-    eventually('the copy to find the execution busy', lambda: 'ExecutionBusy; it runs again in' in worker.tail(400))
+    eventually('the copy to find the execution busy', lambda: 'its task runs again in' in worker.tail(400))
     release.unlink()
     assert fleet.output(prompt, job) == expected_output(prompt)
     assert {n: fleet.effects.count(prompt, what='tool', phase='start', n=n) for n in range(1, TOOLS + 1)} == {

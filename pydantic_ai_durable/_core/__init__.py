@@ -18,7 +18,7 @@ from ._fences import RunMeta
 from ._import import ImportReport
 from ._records import ENTRY_VERSION, Kind, latest_spend, parse_entry
 from ._rekey import RekeyReport, rekey
-from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata
+from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata, check_same_work
 from ._retry import retry_delay
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Divergence, Stats, StepOutcome
@@ -51,6 +51,7 @@ __all__ = (
     'StepPoint',
     'check_divergence_mode',
     'check_metadata',
+    'check_same_work',
     'copy_execution',
     'current_step',
     'export_execution',
