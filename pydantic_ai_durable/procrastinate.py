@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from . import DurableError, Journal
+from . import DurableError, Journal, MetadataMismatch
 from .fleet import Delivery, Fleet, check_timing, execution_key, fleet_of, retry_after, sweep_on_this_loop
 
 try:
@@ -67,7 +67,8 @@ every job recovery retries, so neither waits behind a backlog (FL-11)."""
 class DurableRetry(BaseRetryStrategy):
     """Retries a job whose execution was busy, taken over or met a failing journal, when `retry_delay` says.
 
-    Any other error goes to the task's own strategy (`retry=` of `durable_job`), if it has one. Retries
+    Any other error of the body goes to the task's own strategy (`retry=` of `durable_job`), if it has one;
+    `MetadataMismatch` never does, since the job would be refused the same way every time (FL-12). Retries
     of the first kind count in the job's `attempts` too, so give such a strategy room for them.
     """
 
@@ -80,7 +81,9 @@ class DurableRetry(BaseRetryStrategy):
         if retry is not None:
             retry.log(execution_key(job.task_name, job.id if job.id is not None else '?'))
             return RetryDecision(retry_at=_now() + datetime.timedelta(seconds=retry.delay))
-        return None if self.then is None else self.then.get_retry_decision(exception=exception, job=job)
+        if self.then is None or isinstance(exception, MetadataMismatch):
+            return None
+        return self.then.get_retry_decision(exception=exception, job=job)
 
 
 def _now() -> datetime.datetime:

@@ -285,3 +285,19 @@ def test_fl1_fl3_fl6_fifty_jobs_over_two_workers_with_random_kills_all_finish_wi
     for line in lines:
         if (line['what'], line['phase']) == ('tool', 'start') and (line['pid'], line['prompt'], line['n']) not in ended:
             assert line['pid'] in killed, f'a tool body was cut short by no kill: {line}'
+
+
+def test_fl12_a_refused_delivery_is_never_handed_to_the_tasks_own_retry_strategy() -> None:
+    from procrastinate.jobs import Job
+    from procrastinate.retry import get_retry_strategy
+
+    from pydantic_ai_durable import ExecutionBusy, MetadataMismatch
+    from pydantic_ai_durable.procrastinate import DurableRetry
+
+    strategy = DurableRetry(5.0, get_retry_strategy(3))
+    job = Job(id=7, queue='default', lock=None, queueing_lock=None, task_name='fleet.research', attempts=0)
+    refused = MetadataMismatch('fleet.research:7', recorded={'kwargs': {'a': 1}}, given={'kwargs': {'a': 2}})
+    assert strategy.get_retry_decision(exception=refused, job=job) is None
+    assert strategy.get_retry_decision(exception=RuntimeError('the body failed'), job=job) is not None
+    busy = ExecutionBusy('fleet.research:7', holder='h:1:t:1', expires_at=time.time() + 2)
+    assert strategy.get_retry_decision(exception=busy, job=job) is not None

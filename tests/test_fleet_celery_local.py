@@ -1,10 +1,11 @@
-"""Durable Celery tasks run where no worker delivers them: `.apply()`, `task_always_eager` and direct calls (FL-9).
+"""The Celery adapter where no worker delivers: `.apply()`, eager apps, direct calls (FL-9), and its checks.
 
 Tests and scripts run a Celery task in the calling process. Such a run has no delivery to retry, so a
 busy execution is waited for (at most one `lease_ttl`) and then refused with `ExecutionBusy` naming its
 holder, never retried by recursion; a free one runs durably under its task id; and a call of the task
 function has an id of its own, never shared with another call. Real agents, real disk journals, the
-effects log of the fleet tests; no broker is needed.
+effects log of the fleet tests; no broker is needed. Beside them, the checks the adapter makes without a
+worker: a process patched for green threads (FL-10) and the Kombu internals it reads (FL-13).
 """
 
 from __future__ import annotations
@@ -219,3 +220,34 @@ def test_fl13_a_kombu_whose_redis_transport_differs_stops_the_worker_with_a_clea
 
     with pytest.raises(DurableError, match=r'QoS\.restore_by_tag'):
         _RedisUnacked(Channel())
+
+
+@pytest.mark.parametrize('library', ['gevent', 'eventlet'])
+def test_fl10_a_durable_task_in_a_process_patched_for_green_threads_refuses_to_run(
+    library: str, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    patch = (
+        'from gevent import monkey; monkey.patch_all()'
+        if library == 'gevent'
+        else 'import eventlet; eventlet.monkey_patch()'
+    )
+    script = f"""{patch}
+from celery import Celery
+from pydantic_ai_durable import DiskJournal
+from pydantic_ai_durable.celery import durable_task
+
+app = Celery('green', broker='memory://')
+
+@durable_task(app, journal=DiskJournal({str(tmp_path)!r}), name='green.task', shared=False)
+def task():
+    print('the body ran')
+
+result = task.apply()
+print(type(result.result).__name__, result.result)
+"""
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith('DurableError'), done.stdout + done.stderr
+    assert f'the {library} pool' in done.stdout and 'prefork' in done.stdout and 'the body ran' not in done.stdout
