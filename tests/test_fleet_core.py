@@ -34,6 +34,8 @@ from pydantic_ai_durable import (
 from pydantic_ai_durable.fleet import Delivery, Fleet, fleet_of, redispatch, retry_after
 from pydantic_ai_durable.testing import SimulatedCrash, crash_at
 
+pytestmark = pytest.mark.fleet
+
 RESUME_AFTER = 0.3
 
 
