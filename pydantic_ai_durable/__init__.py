@@ -34,6 +34,7 @@ from ._errors import (
     JournalError,
     JournalUnavailable,
     LeaseLost,
+    MetadataMismatch,
     ReplayDiverged,
     ResolutionRefused,
 )
@@ -103,6 +104,7 @@ __all__ = (
     'LeaseLost',
     'Limits',
     'MemoryJournal',
+    'MetadataMismatch',
     'PostgresJournal',
     'ReplayDiverged',
     'Resolution',

@@ -17,6 +17,7 @@ __all__ = (
     'JournalError',
     'JournalUnavailable',
     'LeaseLost',
+    'MetadataMismatch',
     'ReplayDiverged',
     'ResolutionRefused',
 )
@@ -24,6 +25,18 @@ __all__ = (
 
 class DurableError(Exception):
     """Base class of every error raised by `pydantic_ai_durable`."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled whole, attributes included (a Celery pool process hands its task's error to the worker so),
+        # although most subclasses take keyword-only arguments that unpickling could not pass again.
+        return (_rebuilt, (type(self), self.args, self.__dict__))
+
+
+def _rebuilt(cls: type[DurableError], args: tuple[object, ...], state: dict[str, object]) -> DurableError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class JournalError(DurableError):
@@ -140,6 +153,29 @@ class LeaseLost(DurableError):
             f'Execution {key!r} lost its lease: {reason}. This attempt stopped before its next step and wrote '
             'nothing more; the holder of the lease goes on with the execution. Do not retry this attempt while '
             'that one runs; if the other attempt died, retrying resumes from what was recorded.'
+        )
+
+
+class MetadataMismatch(DurableError):
+    """An attempt brought other work than its execution recorded: a field of `fixed_metadata` differs (FL-12).
+
+    A job queue's task id names one piece of work; a second delivery of the id with another task or other
+    arguments (a producer's bug, or an id reused on purpose) would run its own steps live under the first
+    one's execution. It is refused before anything runs. `recorded` and `given` hold the differing fields.
+    """
+
+    def __init__(self, key: str, *, recorded: dict[str, object], given: dict[str, object]) -> None:
+        self.key = key
+        self.recorded = recorded
+        self.given = given
+
+        def said(fields: dict[str, object]) -> str:
+            return ', '.join(f'{name} {value!r}' for name, value in fields.items())
+
+        super().__init__(
+            f'Execution {key!r} was started for other work: it recorded {said(recorded)}, and this attempt '
+            f'brings {said(given)}. Nothing ran. An execution key (a task id) names one piece of work: send '
+            f'new work under a new id, or delete the execution (pydantic-ai-durable delete {key}) to reuse the id.'
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -113,7 +113,9 @@ class execution:
     (`cleanup="keep"`, the default), so entering the key again replays it, until `retention` (default:
     the journal's, seven days; `None`: never) ends; `"execution"` deletes it instead, for a key that
     will be reused for new work, and `"run"` deletes each run as it succeeds. `metadata` is a small JSON
-    object stored with the execution (what a worker needs to restart it), returned by listings.
+    object stored with the execution (what a worker needs to restart it), returned by listings; the fields
+    named in `fixed_metadata` must come back unchanged on every later attempt, else it is refused with
+    `MetadataMismatch` before anything runs (a task id reused for other work, FL-12).
 
     A journal write that fails is retried for `write_timeout` seconds (default: a third of `lease_ttl`);
     if it still fails the attempt stops with `JournalUnavailable` before its next step, so nothing runs
@@ -138,6 +140,7 @@ class execution:
         rerun_unjournalable: bool = False,
         retention: Retention = FROM_JOURNAL,
         metadata: dict[str, Any] | None = None,
+        fixed_metadata: Collection[str] = (),
         on_divergence: DivergenceMode | None = None,
     ) -> None:
         self._attempt = Attempt(
@@ -150,6 +153,7 @@ class execution:
             rerun_unjournalable=rerun_unjournalable,
             retention=retention,
             metadata=metadata,
+            fixed_metadata=fixed_metadata,
             on_divergence=on_divergence,
             serves=is_successful_tool_payload,  # DV-2: a recorded retry or failure serves no later call
         )

@@ -8,11 +8,12 @@ async def research(prompt: str) -> str:
     return (await agent.run(prompt)).output
 ```
 
-The glue every fleet needs lives here once: the execution key from the task's stable id (FL-1), the
-settings that bring a killed worker's task back (FL-4), busy and failing journals turned into retries
-(FL-2), one event loop per worker process for async bodies (FL-5), and a sweep in every worker that
-dispatches again what a dead worker left interrupted, whatever the broker does with its messages (FL-3).
-Only the public API of the package is used.
+What every queue needs is the fleet core's (`pydantic_ai_durable.fleet`: the key, the metadata, the
+sweep, the retry delays). This adapter holds what is Celery's: the task options that keep a killed
+worker's message (FL-4), Celery's retries (FL-2), one event loop per worker process for async bodies
+(FL-5), the worker step that checks settings and pools and runs the sweep (FL-3, FL-10), `.apply()`,
+eager apps and direct calls (FL-9), and on Redis the return of a message a dead worker took but never
+started (FL-13, the one place that reads Kombu's internals).
 """
 
 from __future__ import annotations
@@ -24,26 +25,19 @@ import inspect
 import json
 import logging
 import os
-import random
+import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
-from . import (
-    DurableError,
-    ExecutionBusy,
-    ExecutionInfo,
-    Journal,
-    JournalUnavailable,
-    LeaseLost,
-    execution,
-    retry_delay,
-    sweep_interrupted,
-)
+from . import DurableError, Journal
+from .fleet import Delivery, Fleet, SweepThread, check_timing, execution_key, fleet_of, retry_after
 
 try:
+    import kombu
     from celery import Celery, Task, bootsteps
     from celery.exceptions import Ignore, ImproperlyConfigured
 except ImportError as exc:  # pragma: no cover - only without the extra
@@ -52,7 +46,7 @@ except ImportError as exc:  # pragma: no cover - only without the extra
         f"pip install 'pydantic-ai-durable-journal[celery]' ({exc})."
     ) from exc
 
-__all__ = ('ENGINE', 'check_settings', 'durable_task', 'execution_key')
+__all__ = ('ENGINE', 'POOLS', 'check_settings', 'durable_task', 'execution_key', 'sweep')
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -60,42 +54,33 @@ log = logging.getLogger('pydantic_ai_durable')
 ENGINE = 'celery'
 """The `engine` field of the metadata a durable task stores with its execution."""
 
-_VISIBILITY_TRANSPORTS = ('redis', 'rediss', 'sentinel', 'sqs')
+POOLS = ('prefork', 'threads', 'solo')
+"""The worker pools durable tasks run on; green pools (gevent, eventlet) are refused (FL-10)."""
+
+_REDIS_TRANSPORTS = ('redis', 'rediss', 'sentinel')
+_VISIBILITY_TRANSPORTS = (*_REDIS_TRANSPORTS, 'sqs')
 """Brokers that hand an unacknowledged message to another worker after a visibility timeout."""
 
 _DEFAULT_VISIBILITY = 3600.0
 """Kombu's visibility timeout for those brokers when the app sets none."""
 
 
-def execution_key(task_name: str, task_id: str) -> str:
-    """The execution key of one task: its name and its id, which Celery keeps over retries and redeliveries (FL-1)."""
-    return f'{task_name}:{task_id}'
+def _fleet(app: Celery) -> Fleet:
+    def start() -> Fleet:
+        def send(delivery: Delivery) -> None:
+            app.send_task(
+                delivery.task,
+                args=list(delivery.args),
+                kwargs=dict(delivery.kwargs),
+                task_id=str(delivery.id),
+                queue=delivery.queue,
+            )
 
+        fleet = Fleet(ENGINE, send, recover=lambda: _restore_unstarted(app, fleet))
+        _install(app, fleet)
+        return fleet
 
-@dataclass
-class _Durable:
-    """What one durable task needs at run time and at worker start."""
-
-    journal: Journal
-    lease_ttl: float
-    resume_after: float
-
-
-@dataclass
-class _AppState:
-    """The durable tasks of one app, and the sweep its workers run."""
-
-    tasks: dict[str, _Durable] = field(default_factory=dict)
-    installed: bool = False
-
-
-_APPS: dict[int, _AppState] = {}
-_APPS_GUARD = threading.Lock()
-
-
-def _state(app: Celery) -> _AppState:
-    with _APPS_GUARD:
-        return _APPS.setdefault(id(app), _AppState())
+    return fleet_of(app, ENGINE, start)
 
 
 def durable_task(
@@ -110,17 +95,17 @@ def durable_task(
 
     The key is the task's name and id (`execution_key`); the execution's metadata holds what the sweep
     needs to send it again (`engine`, `task`, `id`, `args`, `kwargs`, `queue`), so keep arguments small
-    (ids, not documents: 16 KiB in all). The body may be `async def` (one event loop per worker process
-    runs it) or a plain function that calls `run_sync`. `ExecutionBusy` retries when the holder's lease
-    would end, `JournalUnavailable` retries with backoff, and `LeaseLost` is never retried. Every worker
-    of the app checks its settings when it starts and sweeps for executions left interrupted for
-    `resume_after` seconds (default: `lease_ttl`) to send them again. Other keyword arguments go to `app.task`.
+    (ids, not documents: 16 KiB in all), and a later delivery of the id with other arguments is refused
+    (`MetadataMismatch`). The body may be `async def` (one event loop per worker process runs it) or a
+    plain function that calls `run_sync`. `ExecutionBusy` retries when the holder's lease would end,
+    `JournalUnavailable` retries with backoff, and `LeaseLost` is never retried. `.apply()`, an eager app
+    and a direct call run durably too, under their task id (a fresh one for a direct call), waiting at most
+    `lease_ttl` for a busy execution. Every worker of the app checks its settings and pool when it starts
+    and sweeps for executions left interrupted for `resume_after` seconds (default: `lease_ttl`) to send
+    them again. Other keyword arguments go to `app.task`.
     """
-    if not isinstance(lease_ttl, (int, float)) or isinstance(lease_ttl, bool) or not lease_ttl > 0:
-        raise ValueError(f'lease_ttl must be a positive number of seconds, not {lease_ttl!r}.')
-    resume = float(lease_ttl if resume_after is None else resume_after)
-    if not resume > 0:
-        raise ValueError(f'resume_after must be a positive number of seconds, not {resume_after!r}.')
+    check_timing(lease_ttl, resume_after)
+    durable = _fleet(app)
     for name in ('acks_late', 'reject_on_worker_lost'):
         if options.get(name, True) is not True:
             raise ValueError(
@@ -135,74 +120,45 @@ def durable_task(
 
         @functools.wraps(function)
         def run(self: Task, *args: Any, **kwargs: Any) -> Any:
+            _refuse_a_green_process()
             request, name = self.request, str(self.name)
-            key = execution_key(name, request.id)
-            metadata = {
-                'engine': ENGINE,
-                'task': name,
-                'id': request.id,
-                'args': list(args),
-                'kwargs': kwargs,
-                'queue': _queue_of(request),
-            }
-            scope = execution(key, journal=journal, lease_ttl=lease_ttl, metadata=_checked(metadata, name))
+            direct = bool(request.called_directly)  # task(...): no id, no delivery; an execution of its own
+            task_id = str(uuid.uuid4()) if direct else request.id
+            delivery = durable.delivery(name, task_id, args, kwargs, _queue_of(request))
+            wait = direct or bool(request.is_eager)  # no queue retries these: wait here, within a bound (FL-9)
             try:
                 if is_async:
-                    return _worker_loop().run_until_complete(_in_scope_async(scope, function, args, kwargs))
-                with scope:
-                    return function(*args, **kwargs)
-            except LeaseLost as lost:
-                if lost.holder is None:
-                    raise  # deleted under it: nobody else will report this task's outcome
-                # The other holder is a delivery of this same task id: it reports the outcome (FL-2).
-                log.warning('Execution %r was taken over by %s, which runs it; this delivery stops.', key, lost.holder)
-                raise Ignore() from None
-            except (ExecutionBusy, JournalUnavailable) as error:
-                countdown = retry_delay(error, attempt=request.retries or 0, lease_ttl=lease_ttl)
-                assert countdown is not None
-                if isinstance(error, ExecutionBusy):
-                    log.info('Execution %r is held by %s; the task retries in %.1f s.', key, error.holder, countdown)
-                    raise self.retry(countdown=countdown) from None
-                raise self.retry(exc=error, countdown=countdown) from None
+                    call = durable.run(delivery, lambda: function(*args, **kwargs), wait=wait)
+                    return _worker_loop().run_until_complete(call)
+                return durable.run_sync(delivery, lambda: function(*args, **kwargs), wait=wait)
+            except DurableError as error:
+                ttl = durable.task(name).lease_ttl
+                retry = None if wait else retry_after(error, attempt=request.retries or 0, lease_ttl=ttl)
+                if retry is None:
+                    raise
+                if retry.taken_over:  # the other delivery of this same id runs it and reports its outcome (FL-2)
+                    log.warning('Execution %r was taken over by another delivery, which runs it.', delivery.key)
+                    raise Ignore() from None
+                retry.log(delivery.key)
+                raise self.retry(countdown=retry.delay, exc=None if retry.busy else error) from None
 
         task_options = {'acks_late': True, 'reject_on_worker_lost': True, 'max_retries': None, **options}
         task = cast(Task, app.task(bind=True, **task_options)(run))
-        state = _state(app)
-        state.tasks[str(task.name)] = _Durable(journal, float(lease_ttl), resume)
-        _install(app, state)
+        durable.add(str(task.name), journal=journal, lease_ttl=lease_ttl, resume_after=resume_after)
         return task
 
     return decorate
-
-
-async def _in_scope_async(
-    scope: execution, function: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    async with scope:
-        return await function(*args, **kwargs)
-
-
-def _checked(metadata: dict[str, Any], task: str) -> dict[str, Any]:
-    """The metadata, or an error saying why this task's arguments cannot be stored with its execution."""
-    try:
-        size = len(json.dumps(metadata, separators=(',', ':')).encode())
-    except (TypeError, ValueError) as exc:
-        raise DurableError(
-            f'Task {task!r}: its arguments are not JSON ({exc}); a durable task stores them with its execution so '
-            'that a sweep can send it again. Pass JSON values (ids, not objects).'
-        ) from exc
-    if size > 16 * 1024:
-        raise DurableError(
-            f"Task {task!r}: its arguments take {size} bytes as JSON, over the 16 KiB an execution's metadata holds. "
-            'Pass ids and let the task load the documents.'
-        )
-    return metadata
 
 
 def _queue_of(request: Any) -> str | None:
     info = request.delivery_info or {}
     queue = info.get('routing_key') if info.get('exchange') in ('', None) else None
     return queue if isinstance(queue, str) and queue else None
+
+
+async def sweep(app: Celery) -> list[str]:
+    """One sweep round of the app's durable tasks, as every worker runs it; returns the keys sent again (FL-3)."""
+    return await _fleet(app).sweep()
 
 
 # -- one event loop per worker process (FL-5) --------------------------------------------------------
@@ -232,7 +188,7 @@ if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_forget_loops)
 
 
-# -- at worker start: the settings, and the sweep (FL-3, FL-4) ----------------------------------------
+# -- at worker start: the settings, the pool, and the sweep (FL-3, FL-4, FL-10) -------------------------
 
 
 def check_settings(app: Celery) -> list[str]:
@@ -241,10 +197,9 @@ def check_settings(app: Celery) -> list[str]:
     Returns the warnings for settings that only delay a resume (a prefetch multiplier over 1). Workers call
     it when they start; call it in a deployment check too.
     """
-    state = _state(app)
-    conf = app.conf
+    durable = _fleet(app)
     errors: list[str] = []
-    for name, durable in sorted(state.tasks.items()):
+    for name, spec in sorted(durable.tasks.items()):
         task = app.tasks.get(name)
         if task is None:
             continue
@@ -259,19 +214,23 @@ def check_settings(app: Celery) -> list[str]:
                 "process's message is acknowledged as failed instead of coming back"
             )
         visibility = _visibility_timeout(app)
-        if visibility is not None and visibility < durable.lease_ttl:
+        if visibility is not None and visibility < spec.lease_ttl:
             errors.append(
                 f"broker_transport_options['visibility_timeout'] is {visibility:g} s, shorter than the lease_ttl of "
-                f'task {name!r} ({durable.lease_ttl:g} s): the broker hands every running message to a second '
+                f'task {name!r} ({spec.lease_ttl:g} s): the broker hands every running message to a second '
                 'worker before a holder can even be taken over; set it above the longest task'
             )
+    if durable.tasks and _transport(app) in _REDIS_TRANSPORTS:
+        problem = _kombu_redis_problem()
+        if problem is not None:
+            errors.append(problem)
     if errors:
         raise ImproperlyConfigured(
             "pydantic_ai_durable: these settings would lose a killed worker's durable task: " + '; '.join(errors) + '.'
         )
     warnings: list[str] = []
-    prefetch = conf.worker_prefetch_multiplier
-    if state.tasks and isinstance(prefetch, int) and prefetch > 1:
+    prefetch = app.conf.worker_prefetch_multiplier
+    if durable.tasks and isinstance(prefetch, int) and prefetch > 1:
         warnings.append(
             f"worker_prefetch_multiplier is {prefetch}: a killed worker's prefetched messages, which never "
             "started an execution, come back only after the broker's visibility timeout; set it to 1"
@@ -279,124 +238,170 @@ def check_settings(app: Celery) -> list[str]:
     return warnings
 
 
+def _transport(app: Celery) -> str:
+    url = app.conf.broker_url or ''
+    return (url.split('://', 1)[0] if '://' in url else str(app.conf.broker_transport or '')).lower()
+
+
 def _visibility_timeout(app: Celery) -> float | None:
     """The broker's visibility timeout in seconds, or `None` for a broker that has none (AMQP)."""
-    url = app.conf.broker_url or ''
-    transport = (url.split('://', 1)[0] if '://' in url else str(app.conf.broker_transport or '')).lower()
-    if transport not in _VISIBILITY_TRANSPORTS:
+    if _transport(app) not in _VISIBILITY_TRANSPORTS:
         return None
     options = app.conf.broker_transport_options or {}
     value = options.get('visibility_timeout', _DEFAULT_VISIBILITY)
     return float(value) if isinstance(value, (int, float)) else _DEFAULT_VISIBILITY
 
 
-def _install(app: Celery, state: _AppState) -> None:
-    """Add the worker steps once per app: the settings check at start, the sweep while the worker runs."""
-    with _APPS_GUARD:
-        if state.installed:
-            return
-        state.installed = True
+def _refuse_a_green_pool(worker: Any) -> None:
+    """Stop a worker whose pool runs tasks as greenlets (gevent, eventlet) before it takes a task (FL-10)."""
+    pool = getattr(worker, 'pool_cls', None)
+    if getattr(pool, 'is_green', False):
+        name = str(getattr(pool, '__module__', pool)).rsplit('.', 1)[-1]
+        raise ImproperlyConfigured(_green_refusal(name))
+
+
+def _refuse_a_green_process() -> None:
+    """Refuse to run a durable task in a process gevent or eventlet has patched, whatever started it (FL-10)."""
+    gevent, eventlet = sys.modules.get('gevent.monkey'), sys.modules.get('eventlet.patcher')
+    if gevent is not None and gevent.is_module_patched('socket'):
+        raise DurableError(_green_refusal('gevent'))
+    if eventlet is not None and eventlet.is_monkey_patched('socket'):
+        raise DurableError(_green_refusal('eventlet'))
+
+
+def _green_refusal(pool: str) -> str:
+    return (
+        f'pydantic_ai_durable: durable tasks do not run on the {pool} pool, whose tasks are greenlets of one '
+        'thread: an agent run needs an asyncio event loop and the journal its own threads and locks, which '
+        f'greenlets share and block. Start the worker with -P {" / -P ".join(POOLS)} (an agent that waits on '
+        'model APIs runs well on -P threads).'
+    )
+
+
+def _install(app: Celery, fleet: Fleet) -> None:
+    """Add the worker step: the settings and pool checks at start, the sweep while the worker runs."""
 
     class DurableStep(bootsteps.StartStopStep):  # type: ignore[misc]
-        """Checks the durable tasks' settings when the worker starts, then sweeps until it stops."""
+        """Checks the durable tasks' settings and the pool when the worker starts, then sweeps until it stops."""
 
         def __init__(self, worker: Any, **kwargs: Any) -> None:
+            _refuse_a_green_pool(worker)
             for warning in check_settings(app):
                 log.warning('pydantic_ai_durable: %s.', warning)
-            self.sweeper: _Sweeper | None = None
+            self.sweeper: SweepThread | None = None
             super().__init__(worker, **kwargs)
 
         def start(self, parent: Any) -> None:
-            self.sweeper = _Sweeper(app, state)
+            self.sweeper = SweepThread(fleet)
             self.sweeper.start()
 
         def stop(self, parent: Any) -> None:
             if self.sweeper is not None:
                 self.sweeper.stop()
 
-    steps = app.steps
-    assert steps is not None, 'Celery makes the steps of every app in its constructor'
-    steps['worker'].add(DurableStep)
+    if app.steps is None:
+        raise ImproperlyConfigured('pydantic_ai_durable: this Celery app has no worker steps to add the sweep to.')
+    app.steps['worker'].add(DurableStep)
 
 
-class _Sweeper:
-    """A thread of the worker's main process that sends interrupted executions of its app's tasks again."""
+# -- on Redis: a message a dead worker took, but never started (FL-3, FL-13) --------------------------
 
-    def __init__(self, app: Celery, state: _AppState) -> None:
-        self.app = app
-        self.state = state
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name='pydantic-ai-durable-sweep', daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
+@dataclass
+class _Taken:
+    """A message of the Redis broker a worker took and has not acknowledged."""
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+    tag: str
+    taken_at: float
+    headers: dict[str, Any]
 
-    def _run(self) -> None:
-        interval = max(1.0, min(d.resume_after for d in self.state.tasks.values()) / 3)
-        while not self._stop.wait(interval * random.uniform(0.8, 1.2)):  # workers' sweeps drift apart
-            try:
-                asyncio.run(self.sweep())
-            except Exception as exc:  # a journal or broker that is down now may be back at the next round
-                log.warning('pydantic_ai_durable: sweeping for interrupted executions failed: %r', exc)
 
-    async def sweep(self) -> list[str]:
-        groups: dict[tuple[int, float], tuple[Journal, set[str]]] = {}
-        for name, durable in self.state.tasks.items():
-            journal, names = groups.setdefault((id(durable.journal), durable.resume_after), (durable.journal, set()))
-            names.add(name)
-        sent: list[str] = []
-        for (_, idle), (journal, names) in groups.items():
-            sent += await sweep_interrupted(journal, self._send, idle=idle, select=_selector(names))
-        return sent + await _restore_unstarted(self.app, self.state)
+class _RedisUnacked:
+    """The Redis transport's record of taken messages: the one place that reads Kombu's internals (FL-13).
 
-    def _send(self, info: ExecutionInfo) -> None:
-        meta = info.metadata or {}
-        self.app.send_task(
-            meta['task'],
-            args=meta.get('args') or [],
-            kwargs=meta.get('kwargs') or {},
-            task_id=meta['id'],
-            queue=meta.get('queue'),
+    Kombu keeps no public API for it. `_kombu_redis_problem` checks what is read here before a worker
+    starts, and pyproject.toml bounds Kombu to the versions the tests ran against.
+    """
+
+    def __init__(self, channel: Any) -> None:
+        problem = _kombu_redis_problem(type(channel))
+        if problem is not None:
+            raise DurableError(f'pydantic_ai_durable: {problem}.')
+        self._qos, self._client = channel.qos, channel.client
+
+    def taken_before(self, ceiling: float) -> list[_Taken]:
+        found: list[_Taken] = []
+        index, messages = self._qos.unacked_index_key, self._qos.unacked_key
+        for tag, taken_at in self._client.zrangebyscore(index, '-inf', ceiling, withscores=True):
+            raw = self._client.hget(messages, tag)
+            stored = json.loads(raw) if raw else None
+            if not (isinstance(stored, list) and stored and isinstance(stored[0], dict)):
+                continue  # gone meanwhile (acknowledged), or of a shape this release cannot read
+            headers = stored[0].get('headers')
+            found.append(_Taken(tag, float(taken_at), headers if isinstance(headers, dict) else {}))
+        return found
+
+    def put_back(self, tag: str) -> None:
+        self._qos.restore_by_tag(tag, self._client)  # a transaction: of two sweeps, one puts it back
+
+
+_KOMBU_TESTED = ((5, 5), (5, 7))
+"""The Kombu versions, first and last minor, whose Redis transport the tests ran against (FL-13)."""
+
+
+def _kombu_redis_problem(channel_class: Any = None) -> str | None:
+    """What is missing of the Kombu internals `_RedisUnacked` reads, said for a person; `None` if nothing."""
+    if channel_class is None:
+        from kombu.transport import redis as transport
+
+        channel_class = transport.Channel
+    qos = getattr(channel_class, 'QoS', None)
+    missing = [
+        f'{owner}.{name}'
+        for owner, cls, names in (
+            ('Channel', channel_class, ('client', 'unacked_key', 'unacked_index_key', 'QoS')),
+            ('QoS', qos, ('restore_by_tag', 'unacked_key', 'unacked_index_key')),
         )
+        for name in names
+        if not hasattr(cls, name)
+    ]
+    if not missing:
+        return None
+    first, last = _KOMBU_TESTED
+    return (
+        f'the Redis transport of Kombu {kombu.__version__} lacks {", ".join(missing)}, which pydantic_ai_durable '
+        'reads to put back in its queue a message a dead worker took but never started; it was tested with '
+        f'Kombu {first[0]}.{first[1]} to {last[0]}.{last[1]}: install a Kombu in that range'
+    )
 
 
-async def _restore_unstarted(app: Celery, state: _AppState) -> list[str]:
+async def _restore_unstarted(app: Celery, fleet: Fleet) -> list[str]:
     """Put back in its queue each durable message a Redis broker saw taken, but whose execution never started.
 
     A worker killed between taking a message and entering its execution leaves no trace in the journal,
-    so the sweep above cannot see it, and Redis would hand the message out again only after its
-    visibility timeout. With prefetch 1 and late acks a live worker starts what it takes at once, so a
-    message taken `resume_after` seconds ago (not held for a countdown) with no execution, or whose
-    execution finished but was never acknowledged, belonged to a dead worker. Should the worker be alive
-    after all, the second delivery is fenced by the lease and replays (FL-3).
+    so the sweep cannot see it, and Redis would hand the message out again only after its visibility
+    timeout. With prefetch 1 and late acks a live worker starts what it takes at once, so a message taken
+    `resume_after` seconds ago (not held for a countdown) with no execution, or whose execution finished
+    but was never acknowledged, belonged to a dead worker. Should the worker be alive after all, the
+    second delivery is fenced by the lease and replays (FL-3).
     """
     restored: list[str] = []
     with app.connection_for_write() as connection:
         if connection.transport.driver_type != 'redis':
             return restored  # AMQP returns a dead consumer's messages at once; SQS has its own visibility
-        channel: Any = connection.default_channel
-        qos, client, now = channel.qos, channel.client, time.time()
-        ceiling = now - min(durable.resume_after for durable in state.tasks.values())
-        for tag, taken_at in client.zrangebyscore(qos.unacked_index_key, '-inf', ceiling, withscores=True):
-            raw = client.hget(qos.unacked_key, tag)
-            headers = (json.loads(raw)[0].get('headers') or {}) if raw else {}
-            name, task_id, eta = headers.get('task'), headers.get('id'), headers.get('eta')
-            if not isinstance(name, str) or not isinstance(task_id, str):
+        unacked, now = _RedisUnacked(connection.default_channel), time.time()
+        for taken in unacked.taken_before(now - min(task.resume_after for task in fleet.tasks.values())):
+            name, task_id, eta = (taken.headers.get(field) for field in ('task', 'id', 'eta'))
+            spec = fleet.tasks.get(name) if isinstance(name, str) else None
+            if spec is None or not isinstance(task_id, str) or taken.taken_at > now - spec.resume_after:
                 continue
-            durable = state.tasks.get(name)
-            if durable is None or taken_at > now - durable.resume_after:
-                continue
-            if eta and _epoch(eta) > now - durable.resume_after:
+            if eta and _epoch(eta) > now - spec.resume_after:
                 continue  # a countdown a live worker holds until it is due
-            record = await durable.journal.read_execution(execution_key(name, task_id))
+            record = await spec.journal.read_execution(execution_key(spec.name, task_id))
             if record is None or record.get('status') == 'finished':
-                qos.restore_by_tag(tag, client)  # a transaction: of two sweeps, one puts it back
+                unacked.put_back(taken.tag)
                 log.info('Task %s[%s] was taken by a worker that died before it ran; it was put back.', name, task_id)
-                restored.append(execution_key(name, task_id))
+                restored.append(execution_key(spec.name, task_id))
     return restored
 
 
@@ -405,16 +410,3 @@ def _epoch(iso: Any) -> float:
         return datetime.datetime.fromisoformat(str(iso)).timestamp()
     except ValueError:
         return float('inf')  # an ETA we cannot read: leave the message to the broker
-
-
-def _selector(names: set[str]) -> Callable[[ExecutionInfo], bool]:
-    def select(info: ExecutionInfo) -> bool:
-        meta = info.metadata or {}
-        return (
-            meta.get('engine') == ENGINE
-            and meta.get('task') in names
-            and isinstance(meta.get('id'), str)
-            and info.key == execution_key(meta['task'], meta['id'])
-        )
-
-    return select

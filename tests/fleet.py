@@ -189,10 +189,10 @@ class Worker:
             os.killpg(self.pid, signal.SIGKILL)  # pool processes a killed main process left behind
 
 
-def celery_worker(name: str, env: dict[str, str], root: Path, *, concurrency: int = 2) -> Worker:
+def celery_worker(name: str, env: dict[str, str], root: Path, *, concurrency: int = 2, pool: str = 'prefork') -> Worker:
     command = [
         sys.executable, '-m', 'celery', '-A', 'fleet_celery_app', 'worker',
-        '-P', 'prefork', '-c', str(concurrency), '-n', f'{name}@%h', '-O', 'fair',
+        '-P', pool, '-c', str(concurrency), '-n', f'{name}@%h', '-O', 'fair',
         '--without-gossip', '--without-mingle', '--without-heartbeat', '--loglevel', 'INFO',
     ]  # fmt: skip
     return Worker(name, command, env, root / f'{name}.log', ready_text=' ready.')

@@ -26,8 +26,32 @@ TOOLS = 3
 
 
 def journal_from_environment() -> Journal:
-    """The journal `FLEET_JOURNAL` names (`journal_from_setting`)."""
-    return journal_from_setting(os.environ['FLEET_JOURNAL'])
+    """The journal `FLEET_JOURNAL` names (`journal_from_setting`), stalling in a sweep's claim if told to."""
+    journal = journal_from_setting(os.environ['FLEET_JOURNAL'])
+    stall = os.environ.get('FLEET_STALL_CLAIM')
+    return StallInClaim(journal, Path(stall)) if stall else journal  # type: ignore[return-value]
+
+
+class StallInClaim:
+    """A real journal that, when a sweep writes its dispatch mark, touches a file and waits there for good.
+
+    The sweep holds its claim (the execution's lease) while it marks, so a test that sees the file can
+    SIGKILL the process exactly while it holds the claim. Every other call goes to the journal unchanged.
+    """
+
+    def __init__(self, journal: Journal, signal: Path) -> None:
+        self._journal = journal
+        self._signal = signal
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._journal, name)
+
+    async def write_execution(self, key: str, value: dict[str, Any], *, epoch: int) -> bool:
+        mark = value.get('dispatched')
+        if isinstance(mark, dict) and mark.get('attempt') == value.get('attempts'):  # a sweep's claim, not a task
+            self._signal.write_text(f'{os.getpid()} {key}')
+            await asyncio.sleep(3600)
+        return await self._journal.write_execution(key, value, epoch=epoch)
 
 
 def journal_from_setting(setting: str) -> Journal:

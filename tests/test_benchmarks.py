@@ -41,6 +41,21 @@ CASES = {
         ['--n', '20', '--agents', '3', *([] if POSTGRES else ['--no-postgres'])],
         '21 waiting executions listed (21 pending calls',
     ),
+    'fleet_resume': (
+        [
+            '--engines',
+            'procrastinate',
+            '--journals',
+            'disk',
+            '--queues',
+            'backlog',
+            '--backlog',
+            '4',
+            '--tool-seconds',
+            '0.2',
+        ],
+        '| procrastinate | disk | backlog of 4 |',
+    ),
     'concurrency': (
         ['--n', '5', '--processes', '0', '--configs', 'bare,disk,postgres' if POSTGRES else 'bare,disk'],
         'one DiskJournal | 5 |',
@@ -53,9 +68,12 @@ def test_perf4_every_benchmark_script_is_covered_here() -> None:
     assert scripts - {'argument_matching'} == set(CASES), 'add the new benchmark script to CASES'
 
 
-# The fleet script starts Redis and Celery workers: it belongs with the fleet tests (CI's job 2 leaves them out).
+# The fleet scripts start Redis and real workers: they belong with the fleet tests (CI's job 2 leaves them out).
+FLEET_SCRIPTS = ('fleet', 'fleet_resume')
+
+
 @pytest.mark.parametrize(
-    'script', [pytest.param(name, marks=pytest.mark.fleet) if name == 'fleet' else name for name in sorted(CASES)]
+    'script', [pytest.param(name, marks=pytest.mark.fleet) if name in FLEET_SCRIPTS else name for name in sorted(CASES)]
 )
 def test_perf4_benchmark_script_runs(script: str, tmp_path: Path) -> None:
     arguments, expected = CASES[script]

@@ -38,6 +38,7 @@ import pytest
 
 import pydantic_ai_durable
 import pydantic_ai_durable.celery
+import pydantic_ai_durable.fleet
 import pydantic_ai_durable.journals
 import pydantic_ai_durable.procrastinate
 import pydantic_ai_durable.testing
@@ -352,6 +353,7 @@ PUBLIC_MODULES = (
     pydantic_ai_durable.testing,
     pydantic_ai_durable.celery,
     pydantic_ai_durable.procrastinate,
+    pydantic_ai_durable.fleet,
 )
 
 NO_SIGNATURE_TO_DOCUMENT = {

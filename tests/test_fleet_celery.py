@@ -44,11 +44,15 @@ class Fleet:
     workers: list[Worker] = field(default_factory=list)
     client: Any = None
 
-    def start_worker(self, **overrides: str) -> Worker:
-        name = f'w{len(self.workers) + 1}'
-        worker = celery_worker(name, worker_env(**{**self.settings, **overrides}), self.root).start()
+    def start_worker(self, *, pool: str = 'prefork', **overrides: str) -> Worker:
+        worker = self.worker(pool=pool, **overrides).start()
         self.workers.append(worker)
         return worker
+
+    def worker(self, *, pool: str = 'prefork', **overrides: str) -> Worker:
+        """A worker not started yet (`start_worker` starts one and keeps it for the teardown)."""
+        name = f'w{len(self.workers) + 1}'
+        return celery_worker(name, worker_env(**{**self.settings, **overrides}), self.root, pool=pool)
 
     def send(self, prompt: str, *, task: str = 'fleet.research', task_id: str | None = None) -> Any:
         return self.client.send_task(task, args=[prompt], task_id=task_id)
@@ -58,7 +62,7 @@ class Fleet:
 
     def retried(self) -> bool:
         """Whether a delivery found its execution held by another and asked Celery to retry it later."""
-        return any('the task retries in' in worker.log.read_text(errors='replace') for worker in self.workers)
+        return any('its task runs again in' in worker.log.read_text(errors='replace') for worker in self.workers)
 
     def logs(self) -> str:
         return worker_logs(self.workers)
@@ -219,6 +223,80 @@ def test_fl3_a_whole_worker_killed_after_the_execution_finished_but_before_the_a
     _each_tool_ended_once(fleet, prompt)
 
 
+# -- pools: the ones that keep durability run; green pools are refused when the worker starts (FL-10) ----
+
+
+@pytest.mark.parametrize('pool', ['threads', 'solo'])
+def test_fl10_a_threads_or_solo_worker_killed_inside_a_tool_is_resumed(fleet: Fleet, pool: str) -> None:
+    if fleet.backend != 'disk':
+        pytest.skip('the pool, not the journal, is under test')
+    first = fleet.start_worker(pool=pool)
+    prompt = f'pool-{pool}'
+    release = fleet.effects.hold(prompt, 'tool-2')
+    result = fleet.send(prompt)
+    assert fleet.effects.pid_at(prompt, 'tool', 2) == first.pid  # the task runs in the worker's own process
+    first.kill()
+    release.unlink()
+    fleet.start_worker(pool=pool)
+    assert _output(fleet, result) == expected_output(prompt)
+    _each_tool_ended_once(fleet, prompt)
+    assert fleet.effects.count(prompt, what='tool', phase='start', n=1) == 1
+
+
+@pytest.mark.parametrize('pool', ['gevent', 'eventlet'])
+def test_fl10_a_green_pool_is_refused_when_the_worker_starts(fleet: Fleet, pool: str) -> None:
+    if fleet.backend != 'disk':
+        pytest.skip('the pool, not the journal, is under test')
+    worker = fleet.worker(pool=pool)
+    fleet.workers.append(worker)  # stopped at the end should it start after all
+    with pytest.raises(AssertionError, match='exited with') as refused:
+        worker.start()
+    message = str(refused.value)
+    assert f'the {pool} pool' in message and all(name in message for name in ('prefork', 'threads', 'solo')), message
+
+
+# -- a sweeper killed while it holds its claim (FL-8) ------------------------------------------------
+
+
+def test_fl8_a_sweeper_killed_holding_its_claim_blocks_the_execution_no_longer_than_its_claim(fleet: Fleet) -> None:
+    import asyncio
+
+    from fleet_agent import journal_from_setting
+
+    from pydantic_ai_durable import ExecutionInfo, sweep_interrupted
+
+    first = fleet.start_worker()
+    prompt = 'claim-holder'
+    release = fleet.effects.hold(prompt, 'tool-2')
+    result = fleet.send(prompt)
+    fleet.effects.pid_at(prompt, 'tool', 2)
+    claimed = fleet.root / 'claimed'
+    sweeper = fleet.start_worker(FLEET_STALL_CLAIM=str(claimed))  # its sweep stops inside its claim
+    first.kill()
+    release.unlink()
+    eventually("the second worker's sweep to claim the interrupted execution", claimed.exists, within=60)
+    sweeper.kill()
+    # The claim lasts the sweep's period (resume_after / 3, at least 1 s) and never longer than
+    # resume_after: once it has passed, one sweep round takes the execution over and sends it again.
+    time.sleep(max(1.0, LEASE_TTL / 3) + 0.2)
+    journal = journal_from_setting(fleet.settings['FLEET_JOURNAL'])
+
+    def send(info: ExecutionInfo) -> None:
+        meta = info.metadata or {}
+        fleet.client.send_task(meta['task'], args=meta['args'], kwargs=meta['kwargs'], task_id=meta['id'])
+
+    async def sweep() -> list[str]:
+        try:
+            return await sweep_interrupted(journal, send, idle=LEASE_TTL)
+        finally:
+            await journal.close()
+
+    assert asyncio.run(sweep()) == [f'fleet.research:{result.id}']
+    fleet.start_worker()
+    assert _output(fleet, result) == expected_output(prompt)
+    _each_tool_ended_once(fleet, prompt)
+
+
 # -- a duplicate delivery races the original: one holder runs, the other retries and replays (FL-2) ----
 
 
@@ -256,6 +334,19 @@ def test_fl2_the_same_task_id_sent_twice_runs_its_steps_once(fleet: Fleet) -> No
     eventually('both deliveries to end', lambda: fleet.effects.count(prompt, what='finished') >= 2)
     assert fleet.effects.count(prompt, what='tool', phase='start') == TOOLS
     assert fleet.states() == {'fleet.research:order-42': 'finished'}
+
+
+def test_fl12_the_same_task_id_with_other_arguments_is_refused_and_runs_nothing(fleet: Fleet) -> None:
+    fleet.start_worker()
+    first = fleet.send('first-work', task_id='order-7')
+    assert _output(fleet, first) == expected_output('first-work')
+    fleet.send('other-work', task_id='order-7')
+    # Celery keeps the first success of an id in its result backend, so the refusal shows in the worker's log.
+    eventually('the second delivery to be refused', lambda: 'raised unexpected: MetadataMismatch' in fleet.logs())
+    [refusal] = [line for line in fleet.logs().splitlines() if 'raised unexpected: MetadataMismatch' in line]
+    assert "['first-work']" in refusal and "['other-work']" in refusal, refusal
+    assert fleet.effects.count('other-work') == 0  # not a model request, not a tool
+    assert fleet.states() == {'fleet.research:order-7': 'finished'}
 
 
 # -- fifty tasks, two workers, random kills (FL-1..FL-3) -------------------------------------------------

@@ -192,7 +192,7 @@ def test_fl2_a_job_retried_while_its_worker_still_runs_it_runs_its_steps_once(fl
     release = fleet.effects.hold(prompt, 'tool-1')
     job = fleet.defer(prompt)
     fleet.effects.pid_at(prompt, 'tool', 1)
-    eventually('the copy to find the execution busy', lambda: 'ExecutionBusy; it runs again in' in worker.tail(400))
+    eventually('the copy to find the execution busy', lambda: 'its task runs again in' in worker.tail(400))
     release.unlink()
     assert fleet.output(prompt, job) == expected_output(prompt)
     assert {n: fleet.effects.count(prompt, what='tool', phase='start', n=n) for n in range(1, TOOLS + 1)} == {
@@ -203,6 +203,42 @@ def test_fl2_a_job_retried_while_its_worker_still_runs_it_runs_its_steps_once(fl
     assert fleet.effects.count(prompt, what='model', phase='start') == TOOLS + 1
     assert fleet.effects.count(prompt, what='body', phase='start') == 1  # the copy never entered the execution
     assert fleet.states() == {f'fleet.research:{job}': 'finished'}
+
+
+# -- a full queue: recovery does not wait behind the backlog (FL-11) -------------------------------------
+
+
+BACKLOG = 24
+"""Jobs queued behind a killed worker's job, each of three tools of 0.4 s: about 16 s of work for two slots."""
+
+
+def test_fl11_a_killed_workers_job_resumes_before_the_backlog_of_a_full_queue_has_run(fleet: Fleet) -> None:
+    fleet.settings['FLEET_TOOL_SECONDS'] = '0.4'
+    first = fleet.start_worker()
+    prompt = 'behind-backlog'
+    release = fleet.effects.hold(prompt, 'tool-2')
+    job = fleet.defer(prompt)
+    fleet.effects.pid_at(prompt, 'tool', 2)
+    fleet.start_worker()
+    backlog = [f'backlog-{n}' for n in range(BACKLOG)]
+    for name in backlog:
+        fleet.defer(name)
+    eventually('both workers to run the backlog', lambda: fleet.effects.count(what='body', phase='start') >= 4)
+    first.kill()  # every slot left (the second worker's two) is taken, and the queue is full
+    release.unlink()
+    assert fleet.output(prompt, job, within=180) == expected_output(prompt)
+    _each_tool_ended_once(fleet, prompt)
+    lines = fleet.effects.lines()
+    resumed = [
+        index
+        for index, line in enumerate(lines)
+        if line.get('prompt') == prompt and (line['what'], line.get('n'), line['phase']) == ('tool', 2, 'start')
+    ]
+    assert len(resumed) >= 2, 'the job did not run tool 2 again'
+    started = {line['prompt'] for line in lines[: resumed[1]] if line['what'] == 'body' and line['prompt'] in backlog}
+    # Recovery and the job it sends again go ahead of the queue: a quarter of the backlog at least is
+    # still waiting when the job runs again (before, it ran again only once the backlog had drained).
+    assert BACKLOG - len(started) >= BACKLOG // 4, f'{len(started)} of {BACKLOG} backlog jobs started first'
 
 
 # -- fifty jobs, two workers, random kills (FL-1..FL-3, FL-6) --------------------------------------------
@@ -249,3 +285,19 @@ def test_fl1_fl3_fl6_fifty_jobs_over_two_workers_with_random_kills_all_finish_wi
     for line in lines:
         if (line['what'], line['phase']) == ('tool', 'start') and (line['pid'], line['prompt'], line['n']) not in ended:
             assert line['pid'] in killed, f'a tool body was cut short by no kill: {line}'
+
+
+def test_fl12_a_refused_delivery_is_never_handed_to_the_tasks_own_retry_strategy() -> None:
+    from procrastinate.jobs import Job
+    from procrastinate.retry import get_retry_strategy
+
+    from pydantic_ai_durable import ExecutionBusy, MetadataMismatch
+    from pydantic_ai_durable.procrastinate import DurableRetry
+
+    strategy = DurableRetry(5.0, get_retry_strategy(3))
+    job = Job(id=7, queue='default', lock=None, queueing_lock=None, task_name='fleet.research', attempts=0)
+    refused = MetadataMismatch('fleet.research:7', recorded={'kwargs': {'a': 1}}, given={'kwargs': {'a': 2}})
+    assert strategy.get_retry_decision(exception=refused, job=job) is None
+    assert strategy.get_retry_decision(exception=RuntimeError('the body failed'), job=job) is not None
+    busy = ExecutionBusy('fleet.research:7', holder='h:1:t:1', expires_at=time.time() + 2)
+    assert strategy.get_retry_decision(exception=busy, job=job) is not None

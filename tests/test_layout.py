@@ -32,6 +32,7 @@ import_graph = _load_graph_script()
 
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ('the integrations with other engines', frozenset({'celery', 'procrastinate'})),
+    ('the fleet core', frozenset({'fleet'})),
     ('entry points', frozenset({'__init__', '__main__', '_cli', '_console', 'testing'})),
     ('the capability', frozenset({'_capability'})),
     ('the steps', frozenset({'_steps'})),
@@ -141,14 +142,30 @@ def test_the_door_check_sees_a_side_door(tmp_path: Path) -> None:
     assert targets == {'inner._private'}
 
 
-def test_the_engine_integrations_use_only_the_public_api() -> None:
-    """`celery` and `procrastinate` are thin modules over what users import themselves (FL-1)."""
+def test_fl1_fl7_the_engine_integrations_and_the_fleet_core_use_only_the_public_api() -> None:
+    """`celery`, `procrastinate` and the fleet core are thin modules over what users import themselves.
+
+    A third adapter (Dramatiq, arq, RQ) written outside the package can do all that these two do.
+    """
+    public = {'__init__', 'fleet'}
     inside = sorted(
         f'{edge.source} imports {edge.target} (line {edge.line})'
         for edge in _edges()
-        if not edge.outside and _top(edge.source) in LAYERS[0][1] and edge.target != '__init__'
+        if not edge.outside
+        and _top(edge.source) in LAYERS[0][1] | LAYERS[1][1]
+        and edge.target not in public
+        and _top(edge.source) != _top(edge.target)
     )
-    assert not inside, 'an integration reaches past the public API:\n' + '\n'.join(inside)
+    assert not inside, 'an integration or the fleet core reaches past the public API:\n' + '\n'.join(inside)
+
+
+def test_fl7_the_fleet_core_is_the_only_module_both_queue_adapters_import() -> None:
+    """What two adapters share lives in the fleet core, not in a module each of them reaches into."""
+    imported: dict[str, set[str]] = {'celery': set(), 'procrastinate': set()}
+    for edge in _edges():
+        if not edge.outside and edge.source in imported and edge.target != '__init__':
+            imported[edge.source].add(edge.target)
+    assert imported['celery'] & imported['procrastinate'] == {'fleet'}, imported
 
 
 def test_only_the_entry_points_know_the_capability() -> None:

@@ -173,3 +173,28 @@ async def test_fl3_a_bad_idle_is_refused(idle: Any) -> None:
 
     with pytest.raises(ValueError, match='idle must be a positive number of seconds'):
         await sweep_interrupted(MemoryJournal(), lambda info: None, idle=idle)
+
+
+@pytest.mark.parametrize('claim_ttl', [0, -1, 'soon', True])
+async def test_fl8_a_bad_claim_ttl_is_refused(claim_ttl: Any) -> None:
+    from pydantic_ai_durable import MemoryJournal
+
+    with pytest.raises(ValueError, match='claim_ttl must be a positive number of seconds'):
+        await sweep_interrupted(MemoryJournal(), lambda info: None, idle=IDLE, claim_ttl=claim_ttl)
+
+
+async def test_fl3_the_sweep_takes_only_interrupted_executions_never_a_record_of_another_status(
+    new_journal: Callable[[], Journal],
+) -> None:
+    """An execution whose last attempt ended in a state of its own (one that waits for a person) stays put."""
+    journal = new_journal()
+    await _interrupt(journal, 'order-5', wait=False)
+    record = await journal.read_execution('order-5')
+    assert record is not None
+    lease = await journal.acquire_lease('order-5', 'someone:1:t:1', 30.0, force=True)
+    assert await journal.write_execution('order-5', {**record, 'status': 'waiting'}, epoch=lease.epoch)
+    await journal.release_lease('order-5', 'someone:1:t:1', lease.epoch)
+    await asyncio.sleep(IDLE)
+    queue = _Queue()
+    assert await sweep_interrupted(journal, queue, idle=IDLE) == []
+    assert queue.sent == {}

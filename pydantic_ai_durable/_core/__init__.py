@@ -21,7 +21,7 @@ from ._import import ImportReport, write_snapshot
 from ._records import ENTRY_VERSION, Kind, latest_spend, missing_links, parse_entry, run_order
 from ._rekey import RekeyReport, rekey
 from ._resolve import Resolution, deny_overdue, describe, pending_calls, resolve_calls
-from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata
+from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata, check_same_work
 from ._retry import retry_delay
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Divergence, Stats, StepOutcome
@@ -57,6 +57,7 @@ __all__ = (
     'StepPoint',
     'check_divergence_mode',
     'check_metadata',
+    'check_same_work',
     'copy_execution',
     'current_step',
     'decisions_for',

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from secrets import token_hex
 from typing import Any, Literal, TypeVar
 
@@ -31,7 +31,7 @@ from ..journals import Journal
 from ._attempt_view import StoreHold
 from ._lease import LeaseKeeper, store_identity
 from ._records import ENTRY_VERSION, check_not_importing, one_line, readable
-from ._retention import FROM_JOURNAL, check_metadata
+from ._retention import FROM_JOURNAL, check_metadata, check_same_work
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Stats
 from ._step import SimulatedCrash, current_step
@@ -84,6 +84,7 @@ class Attempt:
         rerun_unjournalable: bool = False,
         retention: Retention = FROM_JOURNAL,
         metadata: dict[str, Any] | None = None,
+        fixed_metadata: Collection[str] = (),
         on_divergence: DivergenceMode | None = None,
         serves: Callable[[Any], bool] = lambda payload: True,
     ) -> None:
@@ -113,6 +114,8 @@ class Attempt:
         self.retention = FROM_JOURNAL if retention is FROM_JOURNAL else retention_seconds(retention)
         """Seconds a finished execution is kept (`None`: until pruned); unset: the journal's (FN-1)."""
         self.metadata = check_metadata(metadata)
+        self.fixed_metadata = tuple(fixed_metadata)
+        """Metadata fields every attempt must bring as the execution recorded them (FL-12)."""
         self.on_divergence: DivergenceMode | None = on_divergence
         """The execution's divergence policy; `None` leaves it to each capability, then `"run_live"` (DV-3)."""
         self.serves = serves
@@ -292,6 +295,7 @@ class Attempt:
         state.runs = [run for run in listed if isinstance(run, str)] if isinstance(listed, list) else []
         attempts = record.get('attempts')
         self.number = (attempts if type(attempts) is int else 0) + 1
+        check_same_work(self.key, record.get('metadata'), self.metadata, self.fixed_metadata)  # before any write
         record.pop('retention', None)  # running again: out of retention's reach until it ends (FN-2)
         record.pop('finished', None)
         if self.metadata is not None:

@@ -8,9 +8,12 @@ default that says "the journal's".
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
-__all__ = ('FROM_JOURNAL', 'METADATA_LIMIT', 'check_metadata')
+from .._errors import MetadataMismatch
+
+__all__ = ('FROM_JOURNAL', 'METADATA_LIMIT', 'check_metadata', 'check_same_work')
 
 
 class _FromJournal:
@@ -48,3 +51,20 @@ def check_metadata(metadata: object) -> dict[str, Any] | None:
         )
     copy: dict[str, Any] = json.loads(text)
     return copy
+
+
+def check_same_work(key: str, recorded: object, given: dict[str, Any] | None, fixed: Collection[str]) -> None:
+    """Raise `MetadataMismatch` when a field of `fixed` differs between the recorded metadata and `given` (FL-12).
+
+    Nothing is compared while the execution has recorded no metadata (a first attempt, or one started
+    without any): there is no work to differ from.
+    """
+    if not fixed or not isinstance(recorded, dict) or given is None:
+        return
+    differing = [name for name in fixed if recorded.get(name) != given.get(name)]
+    if differing:
+        raise MetadataMismatch(
+            key,
+            recorded={name: recorded.get(name) for name in differing},
+            given={name: given.get(name) for name in differing},
+        )

@@ -5,7 +5,8 @@ a stalled-job check), which can take an hour. The sweep bounds that: an executio
 `idle` seconds is claimed under its own lease, marked as dispatched for the attempt that was interrupted,
 released, and only then given to `dispatch`, which enqueues it again from its metadata. The claim and
 the mark make concurrent sweeps (one per worker) dispatch each execution once; a dispatch that is lost
-after the mark is retried once `idle` has passed again.
+after the mark is retried once `idle` has passed again. The claim lasts no longer than the sweep's own
+period, so a sweeping process that dies holding it delays that execution by one period at most (FL-8).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ log = logging.getLogger('pydantic_ai_durable')
 DISPATCHED = 'dispatched'
 """The execution record's field a sweep writes: `{"attempt": n, "at": epoch seconds}` (FL-3)."""
 
-_CLAIM_TTL = 30.0
-"""Seconds a sweep's claim holds an execution: long enough to mark it, short if the sweeping process dies."""
+_CLAIM_MAX = 30.0
+"""The most seconds a claim lasts by default, whatever `idle` is."""
 
 
 async def sweep_interrupted(
@@ -39,6 +40,7 @@ async def sweep_interrupted(
     idle: float = 30.0,
     select: Callable[[ExecutionInfo], bool] | None = None,
     limit: int | None = None,
+    claim_ttl: float | None = None,
 ) -> list[str]:
     """Dispatch again every execution interrupted for `idle` seconds that `select` accepts; return their keys.
 
@@ -48,12 +50,18 @@ async def sweep_interrupted(
     `execution(key)` again; a dispatch that raises is logged and retried by a later sweep
     once `idle` has passed. An execution that a live attempt holds, that ended meanwhile, or that another
     sweep dispatched within `idle` seconds is left alone, so sweeps may run in every worker at once.
+    `claim_ttl` is how long the sweep's claim on one execution lasts if this process dies while it marks
+    it (default: a third of `idle`, at most 30 s); give the period at which you sweep, or less (FL-8).
     """
     if not isinstance(idle, (int, float)) or isinstance(idle, bool) or not idle > 0:
         raise ValueError(
             f'idle must be a positive number of seconds, not {idle!r}: it is also how long a dispatch keeps '
             'other sweeps from dispatching the same execution again.'
         )
+    if claim_ttl is None:
+        claim_ttl = min(idle / 3, _CLAIM_MAX)
+    if not isinstance(claim_ttl, (int, float)) or isinstance(claim_ttl, bool) or not claim_ttl > 0:
+        raise ValueError(f'claim_ttl must be a positive number of seconds, not {claim_ttl!r}.')
     await deny_overdue(journal)  # WT-5: calls pending past their deadline are denied, whatever else the sweep does
     now = time.time()
     candidates = [
@@ -65,7 +73,7 @@ async def sweep_interrupted(
     for info in candidates:
         if limit is not None and len(dispatched) >= limit:
             break
-        if not await _claim(journal, info.key, idle):
+        if not await _claim(journal, info.key, idle, float(claim_ttl)):
             continue
         try:
             pending = dispatch(info)
@@ -85,19 +93,18 @@ async def sweep_interrupted(
     return dispatched
 
 
-async def _claim(journal: Journal, key: str, idle: float) -> bool:
+async def _claim(journal: Journal, key: str, idle: float, ttl: float) -> bool:
     """Mark `key` dispatched for its interrupted attempt, under a lease of the sweep's own; `False`: leave it."""
     holder = new_holder()
     start_holding(holder)
     try:
-        lease = await journal.acquire_lease(key, holder, _CLAIM_TTL)
+        lease = await journal.acquire_lease(key, holder, ttl)
         if lease.holder != holder:
             return False  # an attempt runs it (or another sweep claims it) right now
         try:
             record = await journal.read_execution(key)
-            if not _due(record, idle):
+            if record is None or not _due(record, idle):
                 return False
-            assert record is not None
             attempts = record.get('attempts')
             marked = {**record, DISPATCHED: {'attempt': attempts, 'at': time.time()}}
             return await journal.write_execution(key, marked, epoch=lease.epoch)

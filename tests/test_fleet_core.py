@@ -1,0 +1,238 @@
+"""The fleet core, through a queue adapter of our own (FL-7): what docs/fleet.md says an adapter provides.
+
+`ToyQueue` is a job queue in a list, and `ToyAdapter` connects it to the fleet core the way the Celery and
+Procrastinate adapters connect theirs, and the way a user would connect Dramatiq, arq or RQ: one `Fleet`
+per app, with how to send a task again; each message run through `Fleet.run`; journal errors turned into
+the queue's retries with `retry_after`; the sweep run beside the worker. A real agent, a real disk journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from pydantic_ai_durable import (
+    DiskJournal,
+    Durable,
+    DurableError,
+    ExecutionBusy,
+    Journal,
+    LeaseLost,
+    MetadataMismatch,
+    execution,
+)
+from pydantic_ai_durable.fleet import Delivery, Fleet, fleet_of, redispatch, retry_after
+from pydantic_ai_durable.testing import SimulatedCrash, crash_at
+
+pytestmark = pytest.mark.fleet
+
+RESUME_AFTER = 0.3
+
+
+# -- a queue of our own, and its adapter ------------------------------------------------------------
+
+
+@dataclass
+class Message:
+    task: str
+    id: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    retries: int = 0
+
+
+class ToyQueue:
+    """Messages in a list; a worker takes the first one. A worker that dies loses the message it took."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.sent = 0
+
+    def put(self, message: Message) -> None:
+        self.messages.append(message)
+        self.sent += 1
+
+
+class ToyAdapter:
+    """All an adapter holds: how to send a task again, how a message runs, and what a retry is here."""
+
+    def __init__(self, queue: ToyQueue) -> None:
+        self.queue = queue
+        self.functions: dict[str, Callable[..., Awaitable[Any]]] = {}
+
+        def send(delivery: Delivery) -> None:  # the one thing only the adapter knows
+            self.queue.put(Message(delivery.task, str(delivery.id), list(delivery.args), dict(delivery.kwargs)))
+
+        self.fleet = fleet_of(self, 'toy', lambda: Fleet('toy', send))
+
+    def task(self, *, journal: Journal, resume_after: float) -> Callable[[Callable[..., Awaitable[Any]]], str]:
+        def decorate(function: Callable[..., Awaitable[Any]]) -> str:
+            self.fleet.add(function.__name__, journal=journal, lease_ttl=30.0, resume_after=resume_after)
+            self.functions[function.__name__] = function
+            return function.__name__
+
+        return decorate
+
+    def delay(self, task: str, task_id: str, *args: Any) -> None:
+        self.queue.put(Message(task, task_id, list(args), {}))
+
+    async def die_in_tool(self, n: int) -> None:
+        """A worker's turn that dies inside tool `n`: the message it took is gone with it."""
+        with crash_at(kind='tool', nth=n), pytest.raises(SimulatedCrash):
+            await self.work_one()
+
+    async def work_one(self) -> Any:
+        """A worker's turn: take a message and run it in its execution; a journal error puts it back."""
+        message = self.queue.messages.pop(0)
+        delivery = self.fleet.delivery(message.task, message.id, message.args, message.kwargs)
+        function = self.functions[message.task]
+        try:
+            return await self.fleet.run(delivery, lambda: function(*message.args, **message.kwargs))
+        except DurableError as error:
+            retry = retry_after(error, attempt=message.retries, lease_ttl=self.fleet.task(message.task).lease_ttl)
+            if retry is None:
+                raise
+            message.retries += 1
+            self.queue.messages.append(message)  # a real queue would wait retry.delay first
+            return retry
+
+
+# -- a real agent whose tools count their side effects ---------------------------------------------
+
+
+def research_agent(effects: Counter[str]) -> Agent[None, str]:
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = sum(isinstance(part, ToolReturnPart) for message in messages for part in message.parts)
+        if done < 3:
+            return ModelResponse(parts=[ToolCallPart('work', {'n': done + 1}, tool_call_id=f'w{done + 1}')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    def work(n: int) -> str:
+        effects[f'tool-{n}'] += 1
+        return f'r{n}'
+
+    return Agent(FunctionModel(model), name='toy', tools=[work], capabilities=[Durable()])
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> tuple[ToyAdapter, DiskJournal, Counter[str]]:
+    journal = DiskJournal(tmp_path / 'journal')
+    effects: Counter[str] = Counter()
+    agent = research_agent(effects)
+    adapter = ToyAdapter(ToyQueue())
+
+    @adapter.task(journal=journal, resume_after=RESUME_AFTER)
+    async def research(prompt: str) -> str:
+        return (await agent.run(prompt)).output
+
+    return adapter, journal, effects
+
+
+async def test_fl7_a_toy_adapter_resumes_a_task_whose_worker_died_through_the_sweep(
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]],
+) -> None:
+    adapter, journal, effects = toy
+    adapter.delay('research', 'job-1', 'topic')
+    await adapter.die_in_tool(2)
+    assert adapter.queue.messages == []
+    [info] = await journal.list_executions()
+    assert (info.key, info.state) == ('research:job-1', 'interrupted')
+    assert info.metadata == {
+        'engine': 'toy',
+        'task': 'research',
+        'id': 'job-1',
+        'args': ['topic'],
+        'kwargs': {},
+        'queue': None,
+    }
+    await asyncio.sleep(RESUME_AFTER)
+    assert await adapter.fleet.sweep() == ['research:job-1']
+    assert await adapter.fleet.sweep() == []  # sent once per interruption
+    assert [(m.task, m.id, m.args) for m in adapter.queue.messages] == [('research', 'job-1', ['topic'])]
+    assert await adapter.work_one() == 'done'
+    assert effects == {'tool-1': 1, 'tool-2': 1, 'tool-3': 1}  # recorded before the crash: replayed
+    assert {i.key: i.state for i in await journal.list_executions()} == {'research:job-1': 'finished'}
+
+
+async def test_fl7_a_busy_execution_becomes_the_queues_retry_and_then_replays(
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]],
+) -> None:
+    adapter, journal, effects = toy
+    adapter.delay('research', 'job-2', 'topic')
+    holding, done = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:  # another live attempt, in a task of its own
+        async with execution('research:job-2', journal=DiskJournal(journal.path)):
+            holding.set()
+            await done.wait()
+
+    holder = asyncio.create_task(hold())
+    await holding.wait()
+    retry = await adapter.work_one()
+    done.set()
+    await holder
+    assert retry.busy and isinstance(retry.error, ExecutionBusy) and 1.0 <= retry.delay <= 31.0
+    assert await adapter.work_one() == 'done'
+    assert sum(effects.values()) == 3
+
+
+async def test_fl7_fl12_the_same_id_with_other_arguments_is_refused_by_the_core(
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]],
+) -> None:
+    adapter, _, effects = toy
+    adapter.delay('research', 'job-3', 'first')
+    assert await adapter.work_one() == 'done'
+    adapter.delay('research', 'job-3', 'second')
+    with pytest.raises(MetadataMismatch) as refused:
+        await adapter.work_one()
+    assert refused.value.recorded == {'args': ['first']} and refused.value.given == {'args': ['second']}
+    assert "['first']" in str(refused.value) and "['second']" in str(refused.value)
+    assert sum(effects.values()) == 3  # the second delivery ran nothing
+
+
+async def test_fl14_redispatch_sends_one_execution_again_from_its_metadata(
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]],
+) -> None:
+    adapter, journal, _ = toy
+    adapter.delay('research', 'job-4', 'topic')
+    await adapter.die_in_tool(1)
+    await redispatch(journal, 'research:job-4')  # found through the fleet that registered the task
+    assert [(m.task, m.id, m.args) for m in adapter.queue.messages] == [('research', 'job-4', ['topic'])]
+    assert await adapter.work_one() == 'done'
+    async with execution('plain', journal=journal):
+        pass
+    with pytest.raises(DurableError, match='recorded no delivery'):
+        await redispatch(journal, 'plain')
+
+
+def test_fl7_a_delivery_reads_back_only_what_a_fleet_wrote() -> None:
+    delivery = Delivery('toy', 'research', 7, ['a'], {'b': 1}, 'q')
+    assert Delivery.from_metadata('research:7', delivery.metadata()) == Delivery(
+        'toy', 'research', 7, ['a'], {'b': 1}, 'q'
+    )
+    assert Delivery.from_metadata('research:8', delivery.metadata()) is None  # another key
+    assert Delivery.from_metadata('research:7', {'task': 'research', 'id': 7}) is None  # no engine
+    with pytest.raises(DurableError, match='not JSON'):
+        Delivery('toy', 'research', 1, [object()]).metadata()
+    with pytest.raises(DurableError, match='16 KiB'):
+        Delivery('toy', 'research', 1, ['x' * 17_000]).metadata()
+
+
+def test_e3_errors_cross_a_process_boundary_whole() -> None:
+    """A pool process hands its task's error to its worker pickled: the type and attributes come back."""
+    busy = ExecutionBusy('k', holder='h:1:t:1', expires_at=1e9)
+    lost = LeaseLost('k', holder=None)
+    mismatch = MetadataMismatch('k', recorded={'args': [1]}, given={'args': [2]})
+    for error in (busy, lost, mismatch):
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is type(error) and str(again) == str(error) and vars(again) == vars(error)
