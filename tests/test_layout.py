@@ -51,8 +51,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 FRAMEWORK = frozenset({'pydantic_ai', 'pydantic', 'pydantic_core'})
 NEUTRAL = ('_core', 'journals', '_runtime', '_errors')
 """Framework-neutral: they know positions, names, fingerprints and JSON payloads, and import no pydantic."""
-FAST = ('__init__', '__main__', '_cli', 'testing', 'testing._plugin')
-"""Loaded without pydantic-ai, which takes seconds to import: the package itself, the CLI, the pytest plugin."""
+FAST = ('__init__', '__main__', '_cli', 'testing', 'testing._plugin', 'fleet', 'celery', 'procrastinate')
+"""Loaded without pydantic-ai, which takes seconds to import: the package itself, the CLI, the pytest plugin,
+and the queue adapters, which a worker loads before it can refuse a pool it cannot run on (FL-10)."""
 
 LINE_LIMIT = 500
 OVER_THE_LIMIT: dict[str, str] = {}
@@ -211,6 +212,20 @@ DISK_STORAGE = 'journals._disk_format'
 """The one module that talks to diskcache and to SQLite: every statement on a disk journal's database (J-10)."""
 SQL = re.compile(r'\b(SELECT|INSERT|UPDATE|DELETE|REPLACE|PRAGMA|SAVEPOINT|BEGIN|COMMIT|ROLLBACK|VACUUM)\b')
 DISKCACHE_INTERNALS = frozenset({'_con', '_sql', '_sql_retry', '_local', '_disk', '_txn_id', '_transact'})
+
+
+def test_fl10_the_queue_adapters_import_without_pydantic_ai_at_run_time() -> None:
+    """The static check above follows imports; this one runs them, lazy names of the package included."""
+    import subprocess
+    import sys
+
+    script = (
+        'import sys, pydantic_ai_durable.fleet, pydantic_ai_durable.celery, pydantic_ai_durable.procrastinate; '
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'pydantic_ai'))"
+    )
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == '[]'
 
 
 def test_j10_one_module_imports_diskcache_or_sqlite3_and_holds_every_statement_on_the_disk_database() -> None:

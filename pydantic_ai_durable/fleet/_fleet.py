@@ -17,10 +17,13 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import DurableError, ExecutionBusy, ExecutionInfo, Journal, execution, sweep_interrupted
+from .. import DurableError, ExecutionBusy, ExecutionInfo, Journal, sweep_interrupted
 from ._delivery import FIXED_FIELDS, Delivery
+
+if TYPE_CHECKING:
+    from .. import execution
 
 __all__ = ('DurableTask', 'Fleet', 'Recover', 'Send', 'check_timing', 'fleet_of', 'redispatch')
 
@@ -99,6 +102,11 @@ class Fleet:
 
     def _scope(self, delivery: Delivery) -> execution:
         """The execution the delivery runs in: keyed by task and id, its metadata fixed by the first delivery."""
+        # Imported here, not with the module: `execution` loads pydantic-ai, and a worker must be able to load
+        # an adapter, and refuse a pool or a process it cannot run in, before anything imports pydantic-ai
+        # (under eventlet's patching, a dependency of pydantic-ai fails to import at all: FL-10).
+        from .. import execution
+
         task = self.task(delivery.task)
         return execution(
             delivery.key,
