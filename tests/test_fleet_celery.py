@@ -52,7 +52,10 @@ class Fleet:
     def worker(self, *, pool: str = 'prefork', **overrides: str) -> Worker:
         """A worker not started yet (`start_worker` starts one and keeps it for the teardown)."""
         name = f'w{len(self.workers) + 1}'
-        return celery_worker(name, worker_env(**{**self.settings, **overrides}), self.root, pool=pool)
+        env = worker_env(**{**self.settings, **overrides})
+        if pool in ('gevent', 'eventlet'):  # trio fails to import once eventlet patched (tests/green_shim)
+            env['PYTHONPATH'] = os.pathsep.join([str(Path(__file__).parent / 'green_shim'), env['PYTHONPATH']])
+        return celery_worker(name, env, self.root, pool=pool)
 
     def send(self, prompt: str, *, task: str = 'fleet.research', task_id: str | None = None) -> Any:
         return self.client.send_task(task, args=[prompt], task_id=task_id)
