@@ -122,6 +122,10 @@ class Attempt:
         """Set once a journal write failed for good: no step of this attempt starts after it (JF-2)."""
         self._states: dict[object, StoreHold] = {}
         self._opening: dict[object, asyncio.Future[StoreHold]] = {}
+        self._taking = 0
+        """Openings between `start_holding` and their end: while any runs, the holder may come to hold a lease."""
+        self._abandoned = False
+        """Set when the entry failed: an opening that ends after it gives its lease back at once (B-17)."""
         self._top_runs = 0
         self._nested: Counter[tuple[str, int]] = Counter()
         self.runs: list[Run] = []
@@ -229,6 +233,28 @@ class Attempt:
                 self._opening.pop(identity, None)  # a failed opening may be retried by a later run
             raise
 
+    async def enter(self, journal: Journal) -> None:
+        """Open the execution's own journal as the scope is entered; an entry that fails holds nothing (B-17)."""
+        try:
+            await self.open(journal)
+        except BaseException:
+            await self.abandon()
+            raise
+
+    async def abandon(self) -> None:
+        """Undo an entry that failed: give back every lease taken, so nothing renews it, and end the holder (B-17).
+
+        An opening still on its way (the entry was cancelled while the lease was being taken) sees the attempt
+        abandoned when it ends, and gives its lease back then.
+        """
+        self._abandoned = True
+        states = list(self._states.values())
+        self._states.clear()
+        for state in states:
+            await state.keeper.release()
+        if not self._taking:
+            end_holding(self.holder)
+
     async def _open(self, journal: Journal) -> StoreHold:
         try:
             await journal.open()
@@ -239,6 +265,17 @@ class Attempt:
                 f'The journal {journal!r} cannot be opened ({type(exc).__name__}: {exc}); no model was called.'
             ) from exc
         start_holding(self.holder)
+        self._taking += 1
+        try:
+            state = await self._take(journal)
+        finally:
+            self._taking -= 1
+            if not self._states and not self._taking:
+                end_holding(self.holder)  # an attempt that holds no lease is no holder (B-17, JF-3)
+        return state
+
+    async def _take(self, journal: Journal) -> StoreHold:
+        """Take the lease and mark the execution running; on any failure, give the lease back (B-5, B-17)."""
         keeper = LeaseKeeper(journal, self.key, self.holder, self.lease_ttl)
         try:
             lease = await keeper.acquire()
@@ -253,7 +290,11 @@ class Attempt:
             raise ExecutionBusy(self.key, holder=lease.holder, expires_at=lease.expires_at)
         state = StoreHold(journal, keeper)
         try:
+            if self._abandoned:  # the entry gave up while the lease was being taken
+                raise asyncio.CancelledError
             await self._start_record(state)
+            if self._abandoned:
+                raise asyncio.CancelledError
         except BaseException:
             await keeper.release()
             raise
