@@ -1,10 +1,13 @@
-"""Steps: what carries out each journaled step of an agent run, and what they share.
+"""Steps: what carries out each journaled step of an agent run.
 
-The executors: `_backend` (every durable operation pydantic-ai routes), `_leaf` (leaf toolsets
-pydantic-ai does not journal), `_output` (output functions), `_discovery` (tool listings verified by
-listing again); what they share: `_runner` (replay or run live and record, the rules of X and W once),
-`_payloads` (the recorded form of tool outcomes), `_codec` (pydantic-ai's payload codec, with the
-decoded replay passed through) and `_warm` (encoders built before the first request).
+Every step goes through one pipeline, `_pipeline.run_step` (claim, replay or run live, record), and a
+`StepKind` says what its kind does its own way: `_model` (model requests), `_tool` (tool calls pydantic-ai
+routes), `_operation` (events, capability operations, operations of later releases), `_discovery` (tool
+listings verified by listing again), `_leaf` (leaf toolsets pydantic-ai does not journal) and `_output`
+(output functions). Where steps come from: `_backend` (every durable operation pydantic-ai routes), the
+leaf toolset wrapper in `_leaf`, and output processing in `_output`. Beside them: `_payloads` (the recorded
+form of tool outcomes), `_codec` (pydantic-ai's payload codec, with the decoded replay passed through),
+`_opt_out` (A-9) and `_warm` (encoders built before the first request).
 """
 
 from ._backend import DurableBackend as DurableBackend
