@@ -108,16 +108,23 @@ class DurableBackend(JournalCallableOperationBackend[None]):
                 return await run_step(active, self._tool_call(operation_id, name, body, cache_key))
         if active is None or isinstance(operation_id, ToolsetValidateToolArgumentsId):
             return await body()  # inert (R-1), or argument validation: local and free, no position (P-7)
-        return await run_step(active, self._step_kind(operation_id, name, body, cache_key))
-
-    def _step_kind(
-        self, operation_id: DurableOperationId, name: str, body: Body, cache_key: tuple[object, ...]
-    ) -> StepKind:
-        """The kind of step an operation other than a tool call is; ids of future releases are `Operation`s (M-5)."""
         decoder = self._decoders.get(operation_id)
         hands_on = operation_id in self._hands_on
         if isinstance(operation_id, ModelRequestId):
-            return ModelRequest.of(name, body, cache_key, decoder=decoder, hands_on=hands_on)
+            kind = await ModelRequest.of(active, name, body, cache_key, decoder=decoder, hands_on=hands_on)
+            return await run_step(active, kind)
+        return await run_step(active, self._step_kind(operation_id, name, body, cache_key, decoder, hands_on))
+
+    def _step_kind(
+        self,
+        operation_id: DurableOperationId,
+        name: str,
+        body: Body,
+        cache_key: tuple[object, ...],
+        decoder: Decoder | None,
+        hands_on: bool,
+    ) -> StepKind:
+        """The kind of step an operation other than a model request or a tool call is (M-5 for unknown ids)."""
         if isinstance(operation_id, EventStreamHandlerId):
             return EventCall(name=name, decoder=decoder, hands_on=hands_on, body=body, event=cache_key[0])
         if isinstance(operation_id, CapabilityOperationId):

@@ -85,9 +85,9 @@ class LeafCall(ToolCall):
         super().replayed(active, step, value)
         return outcome(value)
 
-    async def going_live(self, active: ActiveRun, step: Step) -> None:
+    def going_live(self, active: ActiveRun, step: Step) -> None:
         self.ctx = dataclasses.replace(self.ctx)  # this call's own context, whose usage NestedUsage swaps
-        await super().going_live(active, step)
+        super().going_live(active, step)
 
     async def live(self, active: ActiveRun) -> object:
         call = lambda: self.toolset.call_tool(self.tool_name, self.args, self.ctx, self.tool)  # noqa: E731

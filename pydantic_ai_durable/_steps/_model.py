@@ -38,6 +38,8 @@ class ModelRequest(StepKind):
     settings: ModelSettings | None
     params: ModelRequestParameters
     ctx: RunContext[Any]
+    request_fingerprint: str | None
+    """The request's fingerprint as the serving model sees it (FP-1, FP-2, A-7), computed by `of`."""
     continuation: bool = field(default=False, init=False)
     """It continues a suspended response: not a new request for pydantic-ai's count (U-5)."""
     had_credit: bool = field(default=False, init=False)
@@ -50,32 +52,43 @@ class ModelRequest(StepKind):
     """The spend snapshot that counts the live response, stored with the entry (UW-1)."""
 
     @classmethod
-    def of(
-        cls, name: str, body: Body, cache_key: tuple[object, ...], *, decoder: Decoder | None, hands_on: bool
+    async def of(
+        cls,
+        active: ActiveRun,
+        name: str,
+        body: Body,
+        cache_key: tuple[object, ...],
+        *,
+        decoder: Decoder | None,
+        hands_on: bool,
     ) -> ModelRequest:
+        """The step of a request, fingerprinted here: the serving model, which the fingerprint needs, is awaited."""
         model_id, messages, settings, params, ctx = cache_key[:5]
+        model_id = cast('str | None', model_id)
+        messages = cast('list[ModelMessage]', messages)
+        settings = cast('ModelSettings | None', settings)
+        params = cast(ModelRequestParameters, params)
+        ctx = cast('RunContext[Any]', ctx)
         return cls(
             name=name,
             decoder=decoder,
             hands_on=hands_on,
             body=body,
-            model_id=cast('str | None', model_id),
-            messages=cast('list[ModelMessage]', messages),
-            settings=cast('ModelSettings | None', settings),
-            params=cast(ModelRequestParameters, params),
-            ctx=cast('RunContext[Any]', ctx),
+            model_id=model_id,
+            messages=messages,
+            settings=settings,
+            params=params,
+            ctx=ctx,
+            request_fingerprint=await active.fingerprint_model_request(model_id, messages, settings, params, ctx),
         )
 
-    async def fingerprint(self, active: ActiveRun) -> str | None:
+    def fingerprint(self, active: ActiveRun) -> str | None:
         messages = self.messages
-        fingerprint = await active.fingerprint_model_request(
-            self.model_id, messages, self.settings, self.params, self.ctx
-        )
         self.continuation = active.ledger.begin_model_request(messages)
         self.had_credit = active.ledger.settle()
         self.start = active.sent_upto if active.sent_upto <= len(messages) else 0  # a processor may have cut it
         active.sent_upto = len(messages) + 1
-        return fingerprint
+        return self.request_fingerprint
 
     def decode(self, payload: object) -> tuple[object, ModelResponse]:
         return _decoded_response(payload, self.decoder)  # rejected if it no longer loads (X-1)

@@ -8,6 +8,7 @@ Tool discovery is verified by listing again (`_discovery`).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +27,8 @@ class Operation(StepKind):
 
     body: Body
 
-    async def live(self, active: ActiveRun) -> object:
-        return await self.body()
+    def live(self, active: ActiveRun) -> Awaitable[object]:
+        return self.body()
 
 
 @dataclass(kw_only=True)
@@ -36,7 +37,7 @@ class EventCall(Operation):
 
     event: object
 
-    async def fingerprint(self, active: ActiveRun) -> str | None:
+    def fingerprint(self, active: ActiveRun) -> str | None:
         return fingerprint_event(self.event)
 
 

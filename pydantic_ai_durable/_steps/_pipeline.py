@@ -59,10 +59,11 @@ class StepKind:
     sent: Any = field(default=None, init=False)
     """What the step was asked, recorded with its entry when set by `going_live` (XP-5)."""
 
-    async def fingerprint(self, active: ActiveRun) -> str | None:
+    def fingerprint(self, active: ActiveRun) -> str | None:
         """The fingerprint the step is claimed with (FP-rules); whatever must precede the claim happens here too.
 
-        A tool call's never waits, so parallel calls claim positions in the order they started (P-2).
+        It never waits, so parallel calls claim positions in the order they started (P-2); a kind whose
+        fingerprint needs to wait (a model request's resolves its model) computes it before it is built.
         """
         return None
 
@@ -77,11 +78,15 @@ class StepKind:
         """
         return Loaded(value) if self.hands_on else step.payload
 
-    async def going_live(self, active: ActiveRun, step: Step) -> None:
-        """What must happen before a live body starts: limit checks, usage written ahead (U-13, U2-1)."""
+    def going_live(self, active: ActiveRun, step: Step) -> Awaitable[None] | None:
+        """What must happen before a live body starts (limit checks, U-13); a write to await first, if any (U2-1).
 
-    async def live(self, active: ActiveRun) -> object:
-        """Run the body and return the payload to record (encoded as the journal keeps it)."""
+        An `async def` is fine where it writes; a kind with nothing to await returns `None`, and no coroutine.
+        """
+        return None
+
+    def live(self, active: ActiveRun) -> Awaitable[object]:
+        """The body to await (an `async def` where the kind does more): it gives the payload to record."""
         raise NotImplementedError
 
     def spent(self, active: ActiveRun, payload: object) -> dict[str, Any] | None:
@@ -101,8 +106,13 @@ class StepKind:
 
 
 async def run_step(active: ActiveRun, kind: StepKind) -> object:
-    """Claim a step of `active`'s run for `kind`, then replay it or run it live and record it."""
-    fingerprint = await kind.fingerprint(active)
+    """Claim a step of `active`'s run for `kind`, then replay it, or run its body live and record what it returned.
+
+    A live body runs after the lease check and under `step.executing()`, so agent runs it starts nest under
+    it (R-4); a body that raises records nothing and leaves a note for the run's failure fence (W-5), except
+    a result that cannot be journaled, which leaves a fence at its position (JF-5).
+    """
+    fingerprint = kind.fingerprint(active)  # first: it sets the call digest
     step = active.run.claim(kind.name, kind.journal_kind, fingerprint, replayable=kind.replayable, call=kind.call)
     if step.replayed:
         if kind.verified:
@@ -118,17 +128,9 @@ async def run_step(active: ActiveRun, kind: StepKind) -> object:
             finally:
                 if step.by_arguments:  # DV-2: the next attempt replays it by position, a value or a signal alike
                     await step.keep()
-    return await _run_live(active, step, kind)
-
-
-async def _run_live(active: ActiveRun, step: Step, kind: StepKind) -> object:
-    """Run a step's body and record what it returned.
-
-    The body runs after the lease check and under `step.executing()`, so agent runs it starts nest under
-    it (R-4); a body that raises records nothing and leaves a note for the run's failure fence (W-5), except
-    a result that cannot be journaled, which leaves a fence at its position (JF-5).
-    """
-    await kind.going_live(active, step)
+    ahead = kind.going_live(active, step)
+    if ahead is not None:
+        await ahead
     try:
         await step.start()  # stops here if the attempt lost its lease or its journal (B-10, JF-2)
         try:
@@ -141,10 +143,7 @@ async def _run_live(active: ActiveRun, step: Step, kind: StepKind) -> object:
                 await step.run.writes.fence(step, exc)  # it ran: a retry must not repeat it silently (JF-5)
             raise
         await step.record(
-            payload,
-            to_record=active.mask if kind.masked else None,
-            spend=kind.spent(active, payload),
-            sent=kind.sent,
+            payload, to_record=active.mask if kind.masked else None, spend=kind.spent(active, payload), sent=kind.sent
         )
         step.reached('after_record')
         return kind.finished(active, step, payload)

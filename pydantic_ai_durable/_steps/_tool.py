@@ -9,6 +9,7 @@ a leaf toolset's call, whose outcome the package encodes itself, is in `_leaf`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -34,7 +35,7 @@ class ToolStep(StepKind):
     args: Any
     tool_call_id: str | None
 
-    async def fingerprint(self, active: ActiveRun) -> str | None:
+    def fingerprint(self, active: ActiveRun) -> str | None:
         fingerprint, self.call = tool_call_digests(self.tool_name, self.args, self.tool_call_id)
         return fingerprint
 
@@ -52,7 +53,7 @@ class ToolCall(ToolStep):
             active.ledger.record_tool_replay(step.position, call=step.call if step.by_arguments else None)
         return super().replayed(active, step, value)
 
-    async def going_live(self, active: ActiveRun, step: Step) -> None:
+    def going_live(self, active: ActiveRun, step: Step) -> None:
         active.ledger.record_live_tool_call(step.position, call=self.call)  # re-checks a credited limit (U-15)
         self.nested = NestedUsage(self.ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
 
@@ -70,5 +71,5 @@ class RoutedToolCall(ToolCall):
 
     body: Body
 
-    async def live(self, active: ActiveRun) -> object:
-        return await self.body()
+    def live(self, active: ActiveRun) -> Awaitable[object]:
+        return self.body()
