@@ -52,7 +52,9 @@ NEUTRAL = ('_core', 'journals', '_runtime', '_errors')
 FAST = ('__init__', '__main__', '_cli', 'testing', 'testing._plugin')
 """Loaded without pydantic-ai, which takes seconds to import: the package itself, the CLI, the pytest plugin."""
 
-STEP_WRITES = frozenset({'claim', 'record', 'keep', 'fence', 'reject', 'failed', 'reached', 'executing', 'ensure_attempt'})
+STEP_WRITES = frozenset(
+    {'claim', 'record', 'keep', 'fence', 'reject', 'failed', 'reached', 'executing', 'ensure_attempt'}
+)
 """What the journal core offers for carrying out a step: `Run.claim`, the `Step` methods that write or gate its
 entry, `StepWrites.fence`. Above the core only the step pipeline calls them, so a new kind of step cannot
 claim or record a step its own way (docs/architecture.md, "Where a change goes")."""

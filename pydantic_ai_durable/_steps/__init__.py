@@ -16,3 +16,5 @@ from ._codec import not_journalable as not_journalable
 from ._leaf import DurableLeafToolset as DurableLeafToolset
 from ._opt_out import opted_out_toolsets as opted_out_toolsets
 from ._output import journal_output_process as journal_output_process
+from ._pipeline import StepKind as StepKind
+from ._pipeline import run_step as run_step

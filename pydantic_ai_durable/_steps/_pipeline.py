@@ -34,9 +34,10 @@ class StepKind:
     """What one kind of step does its own way; `run_step` does the rest. One object stands for one step.
 
     `run_step` calls, in this order: `fingerprint` (before the claim); on a replay `decode`, then `replayed`;
-    live, `going_live`, `live` (the body), `spent`, `finished`, and `ended` however the live step ended. The
-    defaults do nothing, so a kind writes only what it does differently. State a kind keeps between its
-    hooks (a live response, a nested usage) lives on the object, which serves one step only.
+    live, `going_live`, `live` (the body), `spent`, `finished`, and `ended` however the live step ended.
+    Every kind writes `live`; the other defaults do nothing special, so a kind writes only what it does its
+    own way. State a kind keeps between its hooks (a live response, a nested usage) lives on the object,
+    which serves one step only.
     """
 
     journal_kind: ClassVar[Kind] = 'other'
