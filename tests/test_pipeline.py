@@ -73,12 +73,14 @@ async def test_p6_x1_a_new_kind_of_step_is_recorded_replayed_and_rerun_through_r
     journal = MemoryJournal()
     asked: list[str] = []
 
-    first, attempt = await _attempt(journal, Decision(name='decide', question='ship', asked=asked))
+    first, attempt = await _attempt(journal, Decision('decide', True, None, False, question='ship', asked=asked))
     assert (first, asked, attempt.stats.recorded) == ('yes to ship', ['ship'], {'other': 1})
 
-    again, attempt = await _attempt(journal, Decision(name='decide', question='ship', asked=asked))
+    again, attempt = await _attempt(journal, Decision('decide', True, None, False, question='ship', asked=asked))
     assert (again, asked, attempt.stats.replayed) == ('yes to ship', ['ship'], {'other': 1})  # the body did not run
 
-    changed, attempt = await _attempt(journal, Decision(name='decide', question='ship', asked=asked, version=2))
+    changed, attempt = await _attempt(
+        journal, Decision('decide', True, None, False, question='ship', asked=asked, version=2)
+    )
     assert (changed, asked) == ('yes to ship', ['ship', 'ship'])  # no longer decodes: asked again, live
     assert attempt.stats.recorded == {'other': 1}

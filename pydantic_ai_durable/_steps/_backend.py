@@ -111,7 +111,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         decoder = self._decoders.get(operation_id)
         hands_on = operation_id in self._hands_on
         if isinstance(operation_id, ModelRequestId):
-            kind = await ModelRequest.of(active, name, body, cache_key, decoder=decoder, hands_on=hands_on)
+            kind = await ModelRequest.of(active, name, body, cache_key, decoder, hands_on)
             return await run_step(active, kind)
         return await run_step(active, self._step_kind(operation_id, name, body, cache_key, decoder, hands_on))
 
@@ -126,12 +126,12 @@ class DurableBackend(JournalCallableOperationBackend[None]):
     ) -> StepKind:
         """The kind of step an operation other than a model request or a tool call is (M-5 for unknown ids)."""
         if isinstance(operation_id, EventStreamHandlerId):
-            return EventCall(name=name, decoder=decoder, hands_on=hands_on, body=body, event=cache_key[0])
+            return EventCall(name, True, decoder, hands_on, body, event=cache_key[0])
         if isinstance(operation_id, CapabilityOperationId):
-            return CapabilityOperation(name=name, decoder=decoder, hands_on=hands_on, body=body)
+            return CapabilityOperation(name, True, decoder, hands_on, body)
         if is_discovery(operation_id):
-            return Listing(name=name, decoder=decoder, hands_on=hands_on, body=body, operation_id=operation_id)
-        return Operation(name=name, decoder=decoder, hands_on=hands_on, body=body)
+            return Listing(name, True, decoder, hands_on, body, operation_id=operation_id)
+        return Operation(name, True, decoder, hands_on, body)
 
     def _tool_call(
         self, operation_id: ToolsetCallToolId, name: str, body: Body, cache_key: tuple[object, ...]
@@ -139,16 +139,11 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         tool_name, args, ctx = cache_key[:3]
         tool = cache_key[3] if len(cache_key) > 3 else None
         call_ctx = cast('RunContext[Any]', ctx)
+        replayable = tool_is_replayable(tool) and not self._opted_out(operation_id.toolset_id)  # A-9
+        decoder, hands_on = self._decoders.get(operation_id), operation_id in self._hands_on
+        # name, replayable, decoder, hands_on, tool name, arguments, call id, run context, body
         return RoutedToolCall(
-            name=name,
-            replayable=tool_is_replayable(tool) and not self._opted_out(operation_id.toolset_id),
-            decoder=self._decoders.get(operation_id),
-            hands_on=operation_id in self._hands_on,
-            body=body,
-            tool_name=cast(str, tool_name),
-            args=args,
-            tool_call_id=call_ctx.tool_call_id,
-            ctx=call_ctx,
+            name, replayable, decoder, hands_on, cast(str, tool_name), args, call_ctx.tool_call_id, call_ctx, body
         )
 
 

@@ -31,7 +31,7 @@ def _canonical(payload: Any) -> str:
     return json.dumps(payload, sort_keys=True, default=repr)
 
 
-@dataclass(kw_only=True)
+@dataclass
 class Listing(Operation):
     """A discovery step: replayed only while listing again gives what was recorded (DV-1).
 

@@ -62,6 +62,7 @@ class DurableLeafToolset(WrapperToolset[AgentDepsT]):
                 name=self.step_name(name),
                 replayable=not toolset_opts_out(self.wrapped),
                 decoder=load_outcome,  # values are returned, control-flow signals raised (T-5), decoded once (X-4)
+                hands_on=False,
                 tool_name=name,
                 args=tool_args,
                 tool_call_id=ctx.tool_call_id,
@@ -72,7 +73,7 @@ class DurableLeafToolset(WrapperToolset[AgentDepsT]):
         )
 
 
-@dataclass(kw_only=True)
+@dataclass
 class LeafCall(ToolCall):
     """A call of a leaf toolset's tool: counted as a tool call, its outcome encoded by the package (T-1..T-6)."""
 

@@ -26,7 +26,7 @@ from ._pipeline import Body, Decoder, StepKind
 __all__ = ('ModelRequest',)
 
 
-@dataclass(kw_only=True)
+@dataclass
 class ModelRequest(StepKind):
     """One model request of a run (streamed or not); `of` builds it from what pydantic-ai hands the backend."""
 
@@ -58,7 +58,6 @@ class ModelRequest(StepKind):
         name: str,
         body: Body,
         cache_key: tuple[object, ...],
-        *,
         decoder: Decoder | None,
         hands_on: bool,
     ) -> ModelRequest:
@@ -69,18 +68,8 @@ class ModelRequest(StepKind):
         settings = cast('ModelSettings | None', settings)
         params = cast(ModelRequestParameters, params)
         ctx = cast('RunContext[Any]', ctx)
-        return cls(
-            name=name,
-            decoder=decoder,
-            hands_on=hands_on,
-            body=body,
-            model_id=model_id,
-            messages=messages,
-            settings=settings,
-            params=params,
-            ctx=ctx,
-            request_fingerprint=await active.fingerprint_model_request(model_id, messages, settings, params, ctx),
-        )
+        fingerprint = await active.fingerprint_model_request(model_id, messages, settings, params, ctx)
+        return cls(name, True, decoder, hands_on, body, model_id, messages, settings, params, ctx, fingerprint)
 
     def fingerprint(self, active: ActiveRun) -> str | None:
         messages = self.messages

@@ -21,7 +21,7 @@ from ._pipeline import Body, StepKind
 __all__ = ('CapabilityOperation', 'EventCall', 'Operation')
 
 
-@dataclass(kw_only=True)
+@dataclass
 class Operation(StepKind):
     """An operation journaled as it is: no fingerprint (M-5), its payload encoded by pydantic-ai's codec."""
 
@@ -31,7 +31,7 @@ class Operation(StepKind):
         return self.body()
 
 
-@dataclass(kw_only=True)
+@dataclass
 class EventCall(Operation):
     """A call of the run's event stream handler, fingerprinted by its event (FP-14)."""
 
@@ -41,7 +41,7 @@ class EventCall(Operation):
         return fingerprint_event(self.event)
 
 
-@dataclass(kw_only=True)
+@dataclass
 class CapabilityOperation(Operation):
     """A capability's `@durable_operation`, whose result carries the usage it spent (U-16)."""
 

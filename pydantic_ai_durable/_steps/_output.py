@@ -97,7 +97,9 @@ async def journal_output_process(
     tool_call = output_context.tool_call
     kind = OutputCall(
         name=f'{agent_name}__output_function.call:{name}',
+        replayable=True,
         decoder=lambda payload: _load(payload, adapter),
+        hands_on=False,
         tool_name=name,
         args=output,
         tool_call_id=tool_call.tool_call_id if tool_call is not None else None,
@@ -106,7 +108,7 @@ async def journal_output_process(
     return await run_step(active, kind)
 
 
-@dataclass(kw_only=True)
+@dataclass
 class OutputCall(ToolStep):
     """A call of an output function (`args` is the output it gets): a tool step pydantic-ai does not count."""
 

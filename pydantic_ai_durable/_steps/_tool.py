@@ -24,7 +24,7 @@ from ._pipeline import Body, StepKind
 __all__ = ('RoutedToolCall', 'ToolCall', 'ToolStep')
 
 
-@dataclass(kw_only=True)
+@dataclass
 class ToolStep(StepKind):
     """A step the journal keeps as a tool call: fingerprinted by name and arguments, its payload masked (K-1)."""
 
@@ -40,7 +40,7 @@ class ToolStep(StepKind):
         return fingerprint
 
 
-@dataclass(kw_only=True)
+@dataclass
 class ToolCall(ToolStep):
     """One call of a tool that pydantic-ai counts in the run's usage; its subclasses say how the body runs."""
 
@@ -65,7 +65,7 @@ class ToolCall(ToolStep):
             self.nested.restore()
 
 
-@dataclass(kw_only=True)
+@dataclass
 class RoutedToolCall(ToolCall):
     """A call pydantic-ai routes as a durable operation (function, dynamic and MCP toolsets), with its body."""
 
