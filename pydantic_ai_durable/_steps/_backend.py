@@ -136,6 +136,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
     def _tool_call(
         self, operation_id: ToolsetCallToolId, name: str, body: Body, cache_key: tuple[object, ...]
     ) -> RoutedToolCall:
+        """The step of a tool call pydantic-ai routes; a tool or toolset that opted out always runs live (A-9)."""
         tool_name, args, ctx = cache_key[:3]
         tool = cache_key[3] if len(cache_key) > 3 else None
         call_ctx = cast('RunContext[Any]', ctx)

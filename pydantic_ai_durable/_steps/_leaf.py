@@ -8,7 +8,7 @@ and such toolsets are often the side-effecting ones, so `Durable` wraps them in 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,9 +91,11 @@ class LeafCall(ToolCall):
         super().going_live(active, step)
 
     async def live(self, active: ActiveRun) -> object:
-        call = lambda: self.toolset.call_tool(self.tool_name, self.args, self.ctx, self.tool)  # noqa: E731
-        self.outcome, payload = await call_and_encode(call, tool_name=self.tool_name)
+        self.outcome, payload = await call_and_encode(self._call, tool_name=self.tool_name)
         return payload
+
+    def _call(self) -> Awaitable[Any]:
+        return self.toolset.call_tool(self.tool_name, self.args, self.ctx, self.tool)
 
     def finished(self, active: ActiveRun, step: Step, payload: object) -> object:
         return outcome(self.outcome)
