@@ -174,7 +174,7 @@ class execution:
     async def __aenter__(self) -> Execution:
         self._check_entry()
         if self._attempt.journal is not None:
-            await self._attempt.open(self._attempt.journal)
+            await self._attempt.enter(self._attempt.journal)
         self._token = _EXECUTION.set(self._handle)
         return self._handle
 
@@ -188,7 +188,7 @@ class execution:
     def __enter__(self) -> Execution:
         self._check_entry()
         if self._attempt.journal is not None:
-            _run_blocking(self._attempt.open(self._attempt.journal))
+            _run_blocking(self._attempt.enter(self._attempt.journal))
         self._token = _EXECUTION.set(self._handle)
         return self._handle
 

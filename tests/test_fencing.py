@@ -23,10 +23,21 @@ import pytest
 from helpers import Calls, elsewhere, two_step_agent
 from pg import fresh_schema
 
-from pydantic_ai_durable import DiskJournal, ExecutionBusy, Journal, LeaseLost, PostgresJournal, execution
+from pydantic_ai_durable import (
+    DiskJournal,
+    ExecutionBusy,
+    Journal,
+    JournalUnavailable,
+    LeaseLost,
+    MemoryJournal,
+    PostgresJournal,
+    execution,
+)
 from pydantic_ai_durable._cli import main as cli_main
 from pydantic_ai_durable._core import Attempt
 from pydantic_ai_durable._core._lease import LeaseRenewer
+from pydantic_ai_durable._runtime import end_holding, new_holder, ours_and_ended, start_holding
+from pydantic_ai_durable.journals import Lease, LeaseRenewal
 
 POSIX = pytest.mark.skipif(sys.platform == 'win32', reason='needs POSIX signals')
 
@@ -410,3 +421,81 @@ async def test_cc2_renewals_reuse_the_pools_connections() -> None:
     await journal.close()
     assert renewals >= 5
     assert 1 <= opened <= 2, opened  # however many renewals: the pool's connections serve them all
+
+
+# -- B-18: an entry that fails holds nothing afterwards --------------------------------------------
+
+
+class _Entering(MemoryJournal):
+    """A memory journal whose lease is taken only when the test lets it, and whose renewals are counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taking = asyncio.Event()
+        self.go_on = asyncio.Event()
+        self.renewed: list[str] = []  # appended on the background loop's thread
+
+    async def acquire_lease(self, key: str, holder: str, ttl: float, *, force: bool = False) -> Lease:
+        self.taking.set()
+        await self.go_on.wait()
+        return await super().acquire_lease(key, holder, ttl, force=force)
+
+    async def renew_leases(self, renewals: list[LeaseRenewal]) -> list[Lease | None]:
+        self.renewed.extend(renewal.holder for renewal in renewals)
+        return await super().renew_leases(renewals)
+
+
+async def test_b18_an_entry_cancelled_while_taking_its_lease_leaves_no_lease_and_nothing_renewing_it() -> None:
+    journal = _Entering()
+    scope = execution('cancelled', journal=journal, lease_ttl=0.3)  # a renewal every 0.1 s while held
+    entering = asyncio.ensure_future(scope.__aenter__())
+    await journal.taking.wait()
+    entering.cancel()  # the caller gave up (a timeout, a shutdown) while the lease was being taken
+    with pytest.raises(asyncio.CancelledError):
+        await entering
+    journal.go_on.set()  # the store answers after all
+    for _ in range(50):  # room for several renewal rounds, had anything kept the lease
+        await asyncio.sleep(0.02)
+    holder = scope._attempt.holder
+    assert holder not in journal.renewed, 'a lease nobody holds was renewed'
+    assert ours_and_ended(holder)
+    async with execution('cancelled', journal=journal) as handle:  # taken at once, no ExecutionBusy
+        assert handle.attempt == 1  # the abandoned entry recorded no attempt
+
+
+async def test_b18_entries_refused_as_busy_leave_no_holder_registered() -> None:
+    journal = MemoryJournal()
+    holding = new_holder()  # another attempt of this process, running
+    start_holding(holding)
+    try:
+        await journal.acquire_lease('busy', holding, 3600)
+        refused = [execution('busy', journal=journal) for _ in range(3)]
+        for scope in refused:
+            with pytest.raises(ExecutionBusy):
+                await scope.__aenter__()
+    finally:
+        end_holding(holding)
+    assert all(ours_and_ended(scope._attempt.holder) for scope in refused)
+
+
+async def test_b18_jf3_an_entry_whose_start_was_refused_leaves_a_lease_this_process_takes_over_at_once() -> None:
+    class RefusesTheStart(MemoryJournal):  # the store fails as the entry writes its record, and as it lets go
+        failing = True
+
+        async def write_execution(self, key: str, record: dict[str, Any], *, epoch: int) -> bool:
+            if self.failing:
+                raise OSError(28, 'No space left on device')
+            return await super().write_execution(key, record, epoch=epoch)
+
+        async def release_lease(self, key: str, holder: str, epoch: int) -> None:
+            if self.failing:
+                raise OSError(28, 'No space left on device')
+            await super().release_lease(key, holder, epoch)
+
+    journal = RefusesTheStart()
+    with pytest.raises(JournalUnavailable, match='No space left'):
+        async with execution('refused', journal=journal, lease_ttl=3600, write_timeout=0):
+            pass
+    journal.failing = False
+    async with execution('refused', journal=journal, lease_ttl=3600) as handle:  # no waiting for the hour
+        assert handle.attempt == 1

@@ -55,6 +55,14 @@ FAST = ('__init__', '__main__', '_cli', 'testing', 'testing._plugin', 'fleet', '
 """Loaded without pydantic-ai, which takes seconds to import: the package itself, the CLI, the pytest plugin,
 and the queue adapters, which a worker loads before it can refuse a pool it cannot run on (FL-10)."""
 
+STEP_WRITES = frozenset(
+    {'claim', 'record', 'keep', 'fence', 'reject', 'failed', 'reached', 'executing', 'ensure_attempt'}
+)
+"""What the journal core offers for carrying out a step: `Run.claim`, the `Step` methods that write or gate its
+entry, `StepWrites.fence`. Above the core only the step pipeline calls them, so a new kind of step cannot
+claim or record a step its own way (docs/architecture.md, "Where a change goes")."""
+PIPELINE = '_steps._pipeline'
+
 LINE_LIMIT = 500
 OVER_THE_LIMIT: dict[str, str] = {}
 """Modules allowed past `LINE_LIMIT`, each with the reason splitting it would cut one concept in two (none)."""
@@ -268,3 +276,33 @@ def test_every_module_opens_with_a_docstring_that_names_its_seam() -> None:
         if not ast.get_docstring(ast.parse(path.read_text(encoding='utf-8')))
     ]
     assert not missing, f'modules without a docstring: {missing}'
+
+
+def _step_write_calls(root: Path | None = None) -> list[str]:
+    """Every call, outside the journal core and the layers below it, of a method named in `STEP_WRITES`."""
+    found = []
+    for name, path in (import_graph.modules() if root is None else import_graph.modules(root)).items():
+        if _within(name, NEUTRAL) or name == PIPELINE:
+            continue  # the core defines them; the backends and the runtime sit below it and cannot reach them
+        for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in STEP_WRITES:
+                found.append(f'{name} line {node.lineno}: .{node.func.attr}()')
+    return found
+
+
+def test_the_step_pipeline_is_the_only_caller_of_the_cores_step_writes() -> None:
+    """Every kind of step is claimed, replayed, run and recorded by `_steps/_pipeline.py` alone (#48)."""
+    found = _step_write_calls()
+    assert not found, (
+        f'claims and step writes outside {PIPELINE} (write a StepKind and hand it to run_step instead):\n'
+        + '\n'.join(found)
+    )
+
+
+def test_the_step_write_check_sees_a_claim_outside_the_pipeline(tmp_path: Path) -> None:
+    (tmp_path / '__init__.py').write_text('"""A package."""\n')
+    (tmp_path / '_mine.py').write_text(
+        '"""A step of its own."""\nasync def f(active):\n    step = active.run.claim("x", "tool", None)\n'
+        '    await step.record(1)\n'
+    )
+    assert _step_write_calls(tmp_path) == ['_mine line 3: .claim()', '_mine line 4: .record()']

@@ -29,6 +29,7 @@ from .._runtime import (
 )
 from ..journals import Journal
 from ._attempt_view import StoreHold
+from ._history import ended, started
 from ._lease import LeaseKeeper, store_identity
 from ._records import ENTRY_VERSION, check_not_importing, one_line, readable
 from ._retention import FROM_JOURNAL, check_metadata, check_same_work
@@ -50,8 +51,6 @@ replays it), delete the whole `execution`, or delete each `run` as it succeeds."
 _AUTO_PRUNE = 8
 """How many expired executions the end of a successful attempt deletes at most (FN-2)."""
 
-_HISTORY = 20
-"""How many attempts an execution record remembers (who ran each, when, how it ended)."""
 
 _RETRY_FIRST = 0.02
 _RETRY_MAX = 0.5
@@ -129,6 +128,10 @@ class Attempt:
         """Set once a journal write failed for good: no step of this attempt starts after it (JF-2)."""
         self._states: dict[object, StoreHold] = {}
         self._opening: dict[object, asyncio.Future[StoreHold]] = {}
+        self._taking = 0
+        """Openings between `start_holding` and their end: while any runs, the holder may come to hold a lease."""
+        self._abandoned = False
+        """Set when the entry failed: an opening that ends after it gives its lease back at once (B-18)."""
         self._top_runs = 0
         self._nested: Counter[tuple[str, int]] = Counter()
         self.runs: list[Run] = []
@@ -202,7 +205,9 @@ class Attempt:
     async def _finish_state(self, state: StoreHold, error: BaseException | None, *, patient: bool) -> None:
         journal = state.journal
         if error is None and still_waiting(state.record):  # WT-1: kept, whatever the cleanup, out of retention's reach
-            await self._write_record(state, status='waiting', history=self._history(state, 'waiting'), patient=patient)
+            await self._write_record(
+                state, status='waiting', history=ended(state.record, self.number, 'waiting'), patient=patient
+            )
         elif error is None and (self.cleanup == 'execution' or (self.cleanup == 'run' and not state.runs)):
 
             async def delete(epoch: int) -> bool:
@@ -212,22 +217,13 @@ class Attempt:
             await self.store(state, 'the cleanup of the execution', delete, patient=patient)  # C-2, or C-1
         elif error is None:  # FN-1: finished, and kept until its retention ends
             retention = self.retention if self.retention is not FROM_JOURNAL else _journal_retention(journal)
-            history = self._history(state, 'finished')
+            history = ended(state.record, self.number, 'finished')
             await self._write_record(
                 state, status='finished', finished=time.time(), retention=retention, history=history, patient=patient
             )
         else:
-            history = self._history(state, 'failed', error)
+            history = ended(state.record, self.number, 'failed', error)
             await self._write_record(state, status='failed', history=history, patient=patient)
-
-    def _history(self, state: StoreHold, outcome: str, error: BaseException | None = None) -> list[Any]:
-        """The record's attempts with this one's end: when, how, and the type of the error that ended it (UI-2)."""
-        history = [dict(item) for item in state.record.get('history', ()) if isinstance(item, dict)]
-        if history and history[-1].get('n') == self.number:
-            history[-1].update(ended=time.time(), outcome=outcome)
-            if error is not None:
-                history[-1]['error'] = type(error).__name__
-        return history
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -249,6 +245,28 @@ class Attempt:
                 self._opening.pop(identity, None)  # a failed opening may be retried by a later run
             raise
 
+    async def enter(self, journal: Journal) -> None:
+        """Open the execution's own journal as the scope is entered; an entry that fails holds nothing (B-18)."""
+        try:
+            await self.open(journal)
+        except BaseException:
+            await self.abandon()
+            raise
+
+    async def abandon(self) -> None:
+        """Undo an entry that failed: give back every lease taken, so nothing renews it, and end the holder (B-18).
+
+        An opening still on its way (the entry was cancelled while the lease was being taken) sees the attempt
+        abandoned when it ends, and gives its lease back then.
+        """
+        self._abandoned = True
+        states = list(self._states.values())
+        self._states.clear()
+        for state in states:
+            await state.keeper.release()
+        if not self._taking:
+            end_holding(self.holder)
+
     async def _open(self, journal: Journal) -> StoreHold:
         try:
             await journal.open()
@@ -259,6 +277,17 @@ class Attempt:
                 f'The journal {journal!r} cannot be opened ({type(exc).__name__}: {exc}); no model was called.'
             ) from exc
         start_holding(self.holder)
+        self._taking += 1
+        try:
+            state = await self._take(journal)
+        finally:
+            self._taking -= 1
+            if not self._states and not self._taking:
+                end_holding(self.holder)  # an attempt that holds no lease is no holder (B-18, JF-3)
+        return state
+
+    async def _take(self, journal: Journal) -> StoreHold:
+        """Take the lease and mark the execution running; on any failure, give the lease back (B-5, B-18)."""
         keeper = LeaseKeeper(journal, self.key, self.holder, self.lease_ttl)
         try:
             lease = await keeper.acquire()
@@ -273,7 +302,11 @@ class Attempt:
             raise ExecutionBusy(self.key, holder=lease.holder, expires_at=lease.expires_at)
         state = StoreHold(journal, keeper)
         try:
+            if self._abandoned:  # the entry gave up while the lease was being taken
+                raise asyncio.CancelledError
             await self._start_record(state)
+            if self._abandoned:
+                raise asyncio.CancelledError
         except BaseException:
             await keeper.release()
             raise
@@ -300,12 +333,7 @@ class Attempt:
         record.pop('finished', None)
         if self.metadata is not None:
             record['metadata'] = self.metadata
-        listed_history = record.get('history')
-        history = (
-            [item for item in listed_history if isinstance(item, dict)] if isinstance(listed_history, list) else []
-        )
-        # Who ran each attempt and when, the last few: what the console shows of an execution (UI-2).
-        record['history'] = [*history, {'n': self.number, 'holder': self.holder, 'started': time.time()}][-_HISTORY:]
+        record['history'] = started(record, self.number, self.holder)
         state.record = {
             **record,
             'v': ENTRY_VERSION,

@@ -1,9 +1,10 @@
 """A step: the run's handle on one claimed position, and the hooks around a live step's body (R-4, H-3).
 
-Executors outside the journal core hold a `Step`: they replay its payload, or run its body under
-`executing()` and record what it returned. The step passes each of those calls on to its run, which holds
-the state they change; `RunView` names what it asks, so this module does not import the run. The test
-harness watches live steps through `STEP_OBSERVER` and stops one with `SimulatedCrash`.
+Above the journal core, one module holds a `Step` (the step pipeline, `_steps/_pipeline.py`): it replays
+its payload, or runs its body under `executing()` and records what it returned. The step passes each of
+those calls on to its run, which holds the state they change; `RunView` names what it asks, so this module
+does not import the run. The test harness watches live steps through `STEP_OBSERVER` and stops one with
+`SimulatedCrash`.
 """
 
 from __future__ import annotations

@@ -9,15 +9,14 @@ the change from every live step after it, so a replayed listing is only kept whi
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from pydantic_ai.durable_exec import DurableOperationId, ToolsetGetInstructionsId, ToolsetGetToolsId
 
-from .._core import Step
-from ._runner import replay_verified
+from ._operation import Operation
 
-__all__ = ('is_discovery', 'verify_listing')
+__all__ = ('Listing', 'is_discovery')
 
 _DISCOVERY = (ToolsetGetToolsId, ToolsetGetInstructionsId)
 
@@ -32,21 +31,21 @@ def _canonical(payload: Any) -> str:
     return json.dumps(payload, sort_keys=True, default=repr)
 
 
-def _what(operation_id: DurableOperationId) -> str:
-    return 'instructions' if isinstance(operation_id, ToolsetGetInstructionsId) else 'tools'
-
-
-async def verify_listing(
-    step: Step,
-    operation_id: DurableOperationId,
-    body: Callable[[], Awaitable[object]],
-) -> object:
-    """List again for a replayed discovery step: keep the recording if the listing is unchanged, else diverge.
+@dataclass
+class Listing(Operation):
+    """A discovery step: replayed only while listing again gives what was recorded (DV-1).
 
     A changed listing turns the step live (so every later step of the run runs live too, against the new
-    tools) and is recorded in place of the old listing (`replay_verified`).
+    tools) and is recorded in place of the old listing.
     """
-    recorded = _canonical(step.payload)
-    toolset = getattr(operation_id, 'toolset_id', '?')
-    reason = f'toolset {toolset!r} now lists other {_what(operation_id)} than when it was recorded'
-    return await replay_verified(step, body, lambda fresh: None if _canonical(fresh) == recorded else reason)
+
+    verified: ClassVar[bool] = True
+
+    operation_id: DurableOperationId
+
+    def differs(self, recorded: object, fresh: object) -> str | None:
+        if _canonical(fresh) == _canonical(recorded):
+            return None
+        what = 'instructions' if isinstance(self.operation_id, ToolsetGetInstructionsId) else 'tools'
+        toolset = getattr(self.operation_id, 'toolset_id', '?')
+        return f'toolset {toolset!r} now lists other {what} than when it was recorded'

@@ -8,7 +8,7 @@ and such toolsets are often the side-effecting ones, so `Durable` wraps them in 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,14 +16,14 @@ from pydantic_ai.tools import AgentDepsT, RunContext
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from .._active_run import active_run
-from .._fingerprint import tool_call_digests
-from .._usage import NestedUsage
+from .._active_run import ActiveRun, active_run
+from .._core import Step
 from ._opt_out import toolset_opts_out
-from ._payloads import load_outcome, outcome
-from ._runner import replay_tool, run_live_call
+from ._payloads import call_and_encode, load_outcome, outcome
+from ._pipeline import run_step
+from ._tool import ToolCall
 
-__all__ = ('DurableLeafToolset',)
+__all__ = ('DurableLeafToolset', 'LeafCall')
 
 
 @dataclass
@@ -56,22 +56,46 @@ class DurableLeafToolset(WrapperToolset[AgentDepsT]):
         active = active_run(self.owner)
         if active is None:
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
-        replayable = not toolset_opts_out(self.wrapped)
-        fingerprint, call = tool_call_digests(name, tool_args, ctx.tool_call_id)
-        step = active.run.claim(self.step_name(name), 'tool', fingerprint, replayable=replayable, call=call)
-        done = await replay_tool(step, load_outcome, active.ledger)
-        if done is not None:
-            return outcome(done.value)  # values are returned, control-flow signals raised (T-5), decoded once (X-4)
-        active.ledger.record_live_tool_call(step.position, call=call)
-        call_ctx = dataclasses.replace(ctx)  # this call's own context, whose usage NestedUsage swaps
-        nested = NestedUsage(call_ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
-        try:
-            return await run_live_call(
-                step,
-                lambda: self.wrapped.call_tool(name, tool_args, call_ctx, tool),
+        return await run_step(
+            active,
+            LeafCall(
+                name=self.step_name(name),
+                replayable=not toolset_opts_out(self.wrapped),
+                decoder=load_outcome,  # values are returned, control-flow signals raised (T-5), decoded once (X-4)
+                hands_on=False,
                 tool_name=name,
-                to_record=active.mask,
-                spend=lambda payload: active.tool_spend(payload, nested),
-            )
-        finally:
-            nested.restore()
+                args=tool_args,
+                tool_call_id=ctx.tool_call_id,
+                ctx=ctx,
+                toolset=self.wrapped,
+                tool=tool,
+            ),
+        )
+
+
+@dataclass
+class LeafCall(ToolCall):
+    """A call of a leaf toolset's tool: counted as a tool call, its outcome encoded by the package (T-1..T-6)."""
+
+    toolset: AbstractToolset[Any]
+    tool: ToolsetTool[Any]
+    outcome: object = field(default=None, init=False)
+    """The live outcome: the value returned, or the control-flow signal raised, to hand on once recorded."""
+
+    def replayed(self, active: ActiveRun, step: Step, value: object) -> object:
+        super().replayed(active, step, value)
+        return outcome(value)
+
+    def going_live(self, active: ActiveRun, step: Step) -> None:
+        self.ctx = dataclasses.replace(self.ctx)  # this call's own context, whose usage NestedUsage swaps
+        super().going_live(active, step)
+
+    async def live(self, active: ActiveRun) -> object:
+        self.outcome, payload = await call_and_encode(self._call, tool_name=self.tool_name)
+        return payload
+
+    def _call(self) -> Awaitable[Any]:
+        return self.toolset.call_tool(self.tool_name, self.args, self.ctx, self.tool)
+
+    def finished(self, active: ActiveRun, step: Step, payload: object) -> object:
+        return outcome(self.outcome)

@@ -12,6 +12,7 @@ import inspect
 import logging
 import typing
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -19,11 +20,12 @@ from pydantic import TypeAdapter
 from pydantic_ai.output import OutputContext
 
 from .._active_run import ActiveRun
-from .._fingerprint import tool_call_digests
-from ._payloads import CONTROL_FLOW_EXCEPTIONS, load_outcome, outcome
-from ._runner import replay_tool, run_live_call
+from .._core import Step
+from ._payloads import CONTROL_FLOW_EXCEPTIONS, call_and_encode, load_outcome, outcome
+from ._pipeline import run_step
+from ._tool import ToolStep
 
-__all__ = ('journal_output_process',)
+__all__ = ('OutputCall', 'journal_output_process')
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -93,12 +95,36 @@ async def journal_output_process(
             )
         return await handler(output)
     tool_call = output_context.tool_call
-    fingerprint, call = tool_call_digests(name, output, tool_call.tool_call_id if tool_call is not None else None)
-    step = active.run.claim(f'{agent_name}__output_function.call:{name}', 'tool', fingerprint, call=call)
-    done = await replay_tool(step, lambda payload: _load(payload, adapter), None)  # not a counted tool call
-    if done is not None:
-        return outcome(done.value)  # a recorded retry is raised again (T-5)
-    return await run_live_call(step, lambda: handler(output), tool_name=name, to_record=active.mask)
+    kind = OutputCall(
+        name=f'{agent_name}__output_function.call:{name}',
+        replayable=True,
+        decoder=lambda payload: _load(payload, adapter),
+        hands_on=False,
+        tool_name=name,
+        args=output,
+        tool_call_id=tool_call.tool_call_id if tool_call is not None else None,
+        handler=handler,
+    )
+    return await run_step(active, kind)
+
+
+@dataclass
+class OutputCall(ToolStep):
+    """A call of an output function (`args` is the output it gets): a tool step pydantic-ai does not count."""
+
+    handler: Callable[[Any], Awaitable[Any]]
+    outcome: object = field(default=None, init=False)
+    """The live outcome: the function's result, or the retry it asked for, to hand on once recorded."""
+
+    def replayed(self, active: ActiveRun, step: Step, value: object) -> object:
+        return outcome(value)  # a recorded retry is raised again (T-5)
+
+    async def live(self, active: ActiveRun) -> object:
+        self.outcome, payload = await call_and_encode(lambda: self.handler(self.args), tool_name=self.tool_name)
+        return payload
+
+    def finished(self, active: ActiveRun, step: Step, payload: object) -> object:
+        return outcome(self.outcome)
 
 
 def _load(payload: object, adapter: TypeAdapter[Any]) -> object:
