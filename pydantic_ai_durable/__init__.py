@@ -37,6 +37,7 @@ from ._errors import (
     MetadataMismatch,
     ReplayDiverged,
     ResolutionRefused,
+    ResultNotJournalable,
 )
 from .journals import (
     CallDecision,
@@ -109,6 +110,7 @@ __all__ = (
     'ReplayDiverged',
     'Resolution',
     'ResolutionRefused',
+    'ResultNotJournalable',
     'SecretRegistry',
     'Stats',
     'ask_user_request',

@@ -20,6 +20,7 @@ __all__ = (
     'MetadataMismatch',
     'ReplayDiverged',
     'ResolutionRefused',
+    'ResultNotJournalable',
 )
 
 
@@ -40,10 +41,12 @@ def _rebuilt(cls: type[DurableError], args: tuple[object, ...], state: dict[str,
 
 
 class JournalError(DurableError):
-    """A value cannot be journaled or replayed.
+    """A fault of the journal: catching it catches every one.
 
-    The same value fails the same way on every attempt, so this error is not retryable: fix the
-    tool (return JSON-compatible data) instead of retrying the execution.
+    A value that cannot be journaled or replayed (this class itself, `ResultNotJournalable`) and a stored
+    value that fails its check (`JournalCorrupt`, `EncryptionMismatch`) fail the same way on every attempt,
+    so they are not retryable: fix the tool or the keys instead. `JournalUnavailable`, a journal that
+    cannot be reached, is the one a retry later may get past (`retry_delay` says when).
     """
 
 
@@ -105,7 +108,7 @@ class ImportRefused(DurableError):
         self.key = key
 
 
-class JournalUnavailable(DurableError):
+class JournalUnavailable(JournalError):
     """The journal backend cannot be opened, read or written; retrying later may succeed.
 
     Raised when an execution starts, before any model is called, and in the middle of a run when a

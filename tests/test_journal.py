@@ -508,6 +508,7 @@ async def test_jf2_jf5_save_that_fails_stops_the_attempt_before_the_next_step(
     expected = JournalUnavailable if failure == 'raises' else JournalError
     with pytest.raises(expected) as stopped:
         await step.record(payload, to_record=to_record)
+    assert (type(stopped.value) is JournalUnavailable) == (failure == 'raises')  # a refusal is not retryable
 
     assert 'send_email' in str(stopped.value) or failure == 'raises'
     if failure == 'raises':  # the store is broken: no later step of this attempt starts
@@ -1732,3 +1733,36 @@ async def test_r2_concurrent_first_runs_open_the_journal_once(backend_journal: J
     assert sorted(r.key for r in runs) == ['0', '1']
     assert attempt.number == 1
     assert (await j.read_execution(KEY) or {})['attempts'] == 1
+
+
+class UnavailableTwice(Wrapped):
+    """A store whose first two entry writes raise `JournalUnavailable`, as a backend that lost its server does."""
+
+    def __init__(self, journal: Journal) -> None:
+        super().__init__(journal)
+        self.failed = 0
+
+    async def write_entry(self, key: str, run: str, position: int, entry: dict[str, Any], *, epoch: int) -> bool:
+        if self.failed < 2:
+            self.failed += 1
+            raise JournalUnavailable('the server closed the connection')
+        return await self.inner.write_entry(key, run, position, entry, epoch=epoch)
+
+
+def test_e4_every_fault_of_the_journal_is_a_journal_error() -> None:
+    from pydantic_ai_durable import EncryptionMismatch, JournalCorrupt, ResultNotJournalable
+
+    for fault in (JournalUnavailable, ResultNotJournalable, JournalCorrupt, EncryptionMismatch):
+        assert issubclass(fault, JournalError), fault
+
+
+async def test_e4_jf2_a_store_that_raises_journal_unavailable_for_now_is_retried_not_given_up_at_once(
+    backend_journal: Journal,
+) -> None:
+    journal = UnavailableTwice(backend_journal)
+    attempt = make_attempt(backend_journal, write_timeout=5.0)
+    run = await attempt.start_run(journal)
+    step = run.claim('send_email', 'tool', 'fp')
+    await step.record('sent')  # retried past the two failures: a JournalError that may pass is not a refusal
+    assert journal.failed == 2
+    assert (await backend_journal.read_run(KEY, run.key)).entries[0] is not None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from .._errors import JournalError, JournalUnavailable
+from .._errors import JournalError
 from ..journals import (
     DATABASE,
     KEYS_VARIABLE,
@@ -178,7 +178,7 @@ def run_on(target: Target, action: Callable[[Journal], Awaitable[_T]]) -> _T:
         return asyncio.run(go())
     except Failure:
         raise
-    except (JournalUnavailable, JournalError) as exc:
+    except JournalError as exc:
         raise Failure(target.clean(' '.join(str(exc).split()))) from None
     except Exception as exc:
         raise Failure(f'cannot read the journal {target.label}: {target.clean(_one_line(exc))}') from None

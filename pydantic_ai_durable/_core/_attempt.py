@@ -165,23 +165,26 @@ class Attempt:
             token = DEADLINE.set(deadline)
             try:
                 return await call()
+            except JournalUnavailable as exc:  # the store fails for now: retried like any other failure
+                failure: Exception = exc
             except (LeaseLost, JournalError):
-                raise
+                raise  # a refusal, or a value that does not open: retrying cannot help
             except Exception as exc:
-                remaining = deadline - local_clock()
-                if remaining <= 0:
-                    tried = f'and still failed after {self.write_timeout:g} s of retries ' if patient else ''
-                    raise JournalUnavailable(
-                        f'Execution {self.key!r}: {what} failed in {journal!r} {tried}'
-                        f'({type(exc).__name__}: {one_line(exc)}). '
-                        'This attempt stopped before its next step, so nothing ran unrecorded; retry the '
-                        'execution once the journal works again, and every recorded step replays.'
-                    ) from exc
-                log.debug('journal call failed, retrying: %s: %r', what, exc)
-                await asyncio.sleep(min(delay, remaining))
-                delay = min(delay * 2, _RETRY_MAX)
+                failure = exc
             finally:
                 DEADLINE.reset(token)
+            remaining = deadline - local_clock()
+            if remaining <= 0:
+                tried = f'and still failed after {self.write_timeout:g} s of retries ' if patient else ''
+                raise JournalUnavailable(
+                    f'Execution {self.key!r}: {what} failed in {journal!r} {tried}'
+                    f'({type(failure).__name__}: {one_line(failure)}). '
+                    'This attempt stopped before its next step, so nothing ran unrecorded; retry the '
+                    'execution once the journal works again, and every recorded step replays.'
+                ) from failure
+            log.debug('journal call failed, retrying: %s: %r', what, failure)
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, _RETRY_MAX)
 
     async def store(
         self, state: StoreHold, what: str, write: Callable[[int], Awaitable[bool]], *, patient: bool = True
@@ -291,7 +294,7 @@ class Attempt:
         keeper = LeaseKeeper(journal, self.key, self.holder, self.lease_ttl)
         try:
             lease = await keeper.acquire()
-        except (JournalUnavailable, JournalError):  # EncryptionMismatch: a sealed journal without keys (EN-6)
+        except JournalError:  # JournalUnavailable, or EncryptionMismatch: a sealed journal without keys (EN-6)
             raise
         except Exception as exc:
             raise JournalUnavailable(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .._errors import JournalError, LeaseLost
+from .._errors import JournalError, JournalUnavailable, LeaseLost
 from .._runtime import end_holding, new_holder, start_holding
 from ..journals import Journal, clear_marker, plain_values_opened
 
@@ -67,6 +67,8 @@ async def rekey(
             except LeaseLost:
                 report.busy.append(info.key)  # an attempt took it over meanwhile: it is that attempt's now
                 continue
+            except JournalUnavailable:
+                raise  # the journal fails: every execution would, so rekey stops here
             except JournalError as exc:  # a value that does not open: this execution only, the others go on
                 report.skipped[info.key] = ' '.join(str(exc).split())
                 continue

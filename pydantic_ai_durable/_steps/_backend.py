@@ -27,7 +27,7 @@ from pydantic_ai.durable_exec import (
 from pydantic_ai.tools import RunContext
 
 from .._active_run import active_run
-from .._errors import JournalError, ResultNotJournalable
+from .._errors import JournalError, JournalUnavailable, ResultNotJournalable
 from ._codec import hands_on_loaded
 from ._discovery import Listing, is_discovery
 from ._model import ModelRequest
@@ -153,6 +153,8 @@ def _naming_the_tool(tool_name: str) -> Iterator[None]:
     """Name the tool in a `JournalError` its result raised: the codec that raises it does not know it (T-4)."""
     try:
         yield
+    except JournalUnavailable:
+        raise  # the journal failed, not the result: retrying later may succeed, so it keeps its class
     except JournalError as exc:
         if f'tool {tool_name!r}' in str(exc):
             raise

@@ -35,7 +35,7 @@ from typing import Any
 
 import diskcache  # type: ignore[import-untyped]
 
-from .._errors import JournalUnavailable
+from .._errors import JournalError
 from ._files import CONFINABLE, DEFAULT_MODE, check_database_files, create_database, make_directory, remove_inside
 
 __all__ = (
@@ -114,9 +114,9 @@ def check_diskcache(directory: str) -> None:
         raise _incompatible(directory, version, problems)
 
 
-def _incompatible(directory: str, version: str, problems: list[str]) -> JournalUnavailable:
+def _incompatible(directory: str, version: str, problems: list[str]) -> JournalError:
     low, high = TESTED_DISKCACHE
-    return JournalUnavailable(
+    return JournalError(
         f"The journal {directory!r} was not opened: DiskJournal reads and writes diskcache's database with "
         f'statements of its own, so it runs only on the diskcache releases it was tested with ({low} up to '
         f'{high}, not included), and the installed diskcache {version} {"; ".join(problems)}. Install a tested '

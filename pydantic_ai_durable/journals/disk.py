@@ -16,7 +16,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._errors import JournalUnavailable
+from .._errors import JournalError, JournalUnavailable
 from .._runtime import DEFAULT_RETENTION, Retention, boot_id, local_clock, retention_seconds
 from . import _json
 from ._common import execution_id, listed, retention_of, state_of, wanted_states
@@ -164,8 +164,8 @@ class DiskJournal:
             probe = f'probe/{os.getpid()}'
             cache.set(probe, '1')
             cache.delete(probe)
-        except JournalUnavailable:
-            raise
+        except JournalError:
+            raise  # said already: unreachable (JournalUnavailable), or a diskcache it was not tested with (J-10)
         except Exception as exc:
             self._cache = None
             raise JournalUnavailable(
