@@ -50,11 +50,10 @@ replays it), delete the whole `execution`, or delete each `run` as it succeeds."
 
 _AUTO_PRUNE = 8
 """How many expired executions the end of a successful attempt deletes at most (FN-2)."""
-
-
 _RETRY_FIRST = 0.02
+"""The first pause between tries of a failing journal call (seconds); it doubles after each try."""
 _RETRY_MAX = 0.5
-"""Backoff between tries of a failing journal call: from 20 ms, doubling, at most half a second."""
+"""The longest pause between tries of a failing journal call (seconds)."""
 
 
 def _journal_retention(journal: Journal) -> float | None:

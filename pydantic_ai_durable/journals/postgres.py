@@ -96,8 +96,8 @@ class PostgresJournal:
         self.max_size = max_size
         self.pool_timeout = pool_timeout
         self.retention = retention_seconds(retention)
-        self._sealer = Sealer(encryption)
         """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise (FN-1)."""
+        self._sealer = Sealer(encryption)
         self._sql = Sql(schema)
         digest = hashlib.sha256(f'pydantic_ai_durable:{schema}'.encode()).digest()
         self._lock_id = int.from_bytes(digest[:8], 'big', signed=True)
