@@ -461,14 +461,14 @@ async def test_h7_assert_replays_passes_an_agent_whose_tool_returns_a_registered
     report = await assert_replays(lambda: secret_agent().run('send o-1'), journal=journal)
     assert report.first.output == report.second.output == 'sent'
     [(ref, rule)] = report.by_rule
-    assert ref.name.endswith('call_tool:read_token') and rule.startswith('K-8')
+    assert ref.name.endswith('call_tool:read_token') and rule.endswith('(K-8)') and 'registered secret' in rule
 
 
 async def test_h7_crash_everywhere_passes_an_agent_whose_tool_returns_a_registered_secret(journal: Journal) -> None:
     report = await crash_everywhere(lambda: secret_agent().run('send o-1'), journal=journal)
     assert all(case.ok for case in report.cases) and len(report.cases) == 15
     rules = {rule for case in report.cases for _, rule in case.by_rule}
-    assert len(rules) == 1 and rules.pop().startswith('K-8')
+    assert len(rules) == 1 and rules.pop().endswith('(K-8)')
 
 
 async def test_h7_an_opted_out_tool_passes_assert_replays() -> None:
@@ -484,7 +484,7 @@ async def test_h7_an_opted_out_tool_passes_assert_replays() -> None:
     )
     report = await assert_replays(lambda: agent.run('time?'))
     [(ref, rule)] = report.by_rule
-    assert ref.name.endswith('call_tool:clock') and rule.startswith('A-9')
+    assert ref.name.endswith('call_tool:clock') and rule.endswith('(A-9)') and 'opted out' in rule
 
 
 async def test_h7_the_rule_exemption_still_fails_a_timestamp_in_the_prompt() -> None:

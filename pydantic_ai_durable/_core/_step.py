@@ -115,13 +115,13 @@ class Step:
 
     @property
     def live_by_rule(self) -> str | None:
-        """Why this step runs live by design rather than for want of a record, as a rule id and reason (H-7)."""
+        """Why this step runs live by design rather than for want of a record, in words and the rule's id (H-7)."""
         if not self.replayable:
-            return 'A-9: opted out of replay'
+            return 'its tool opted out of replay, so it runs on every attempt (A-9)'
         if self.redacted:
-            return 'K-8: its recorded result held a registered secret'
+            return 'its result held a registered secret, which is never replayed, so it runs on every attempt (K-8)'
         if self.rerun:
-            return 'JF-5: its result could not be journaled; rerun on request (rerun_unjournalable=True)'
+            return 'its result could not be journaled, and it ran again as asked by rerun_unjournalable=True (JF-5)'
         return None
 
     @contextmanager
