@@ -520,3 +520,19 @@ def test_xp1_export_writes_through_a_link_and_to_standard_output_never_replacing
         assert json.loads(reader.read())['key'] == 'order-42'
     assert exporting.wait(timeout=120) == 0
     assert fifo.is_fifo()
+
+
+def test_xp1_an_export_never_replaces_a_file_of_a_disk_journal(tmp_path: Path) -> None:
+    store = disk_store(tmp_path)
+    assert store.cli is not None
+    journal = store.make(None)
+    asyncio.run(_record(journal, Shop()))
+    asyncio.run(_close(journal))
+    database = next(tmp_path.rglob('cache.db'))
+    before = database.stat().st_ino
+    for target in (database, database.with_name('cache.db-wal')):
+        refused = _cli(*store.cli, 'export', 'order-42', '-o', str(target))
+        assert refused.returncode == 2 and 'journal' in refused.stderr, refused.stderr
+    assert database.stat().st_ino == before  # the same file, not one renamed over it
+    listed = _cli(*store.cli, 'list', '--json')
+    assert listed.returncode == 0 and [row['key'] for row in json.loads(listed.stdout)] == ['order-42']

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
+from ..journals import DATABASE
 from ._render import cell
 from ._target import EXIT_USAGE, Failure
 
@@ -86,6 +87,10 @@ def _read_up_to(file: BinaryIO, most: int, first: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b''.join(chunks)
 
 
+_JOURNAL_FILES = frozenset((DATABASE, f'{DATABASE}-wal', f'{DATABASE}-shm', f'{DATABASE}-journal'))
+"""The files SQLite keeps for a disk journal's database: an export must never be renamed over one (XP-1)."""
+
+
 def write_export(output: str, text: str) -> bool:
     """Write the export to `output` (`-`: standard output); `True` when it went to a regular file."""
     if output == '-':
@@ -94,6 +99,13 @@ def write_export(output: str, text: str) -> bool:
         return False
     path = Path(output)
     shown = cell(output, 200)
+    resolved = Path(os.path.realpath(path))
+    if resolved.name in _JOURNAL_FILES and (resolved.parent / DATABASE).exists():
+        raise Failure(
+            f'cannot write {shown}: it is a file of the disk journal in {cell(str(resolved.parent), 200)}, which the '
+            'export would replace and so destroy; nothing was written. Write the export anywhere else',
+            EXIT_USAGE,
+        )
     try:
         mode = os.stat(path).st_mode  # through links
     except FileNotFoundError:
