@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import Any
 
 import pytest
-from helpers import Calls, responses, tool_returns
-from packaging.requirements import Requirement
+from helpers import Calls, harness_mismatch, responses, tool_returns
 from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -17,26 +15,7 @@ from pydantic_ai_durable import Durable, execution
 from pydantic_ai_durable.testing import SimulatedCrash, crash_at
 
 
-def _harness_mismatch() -> str | None:
-    """Why code mode cannot be tested here: no pydantic-ai-harness, or one made for another pydantic-ai.
-
-    Each pydantic-ai-harness release pins one pydantic-ai-slim release (0.62.0, the newest, pins 2.62.0), so
-    on any other pydantic-ai there is no harness that fits and code mode is tested only where one does.
-    """
-    try:
-        harness = metadata.version('pydantic-ai-harness')
-    except metadata.PackageNotFoundError:
-        return 'pydantic-ai-harness is not installed (no release of it fits this pydantic-ai-slim)'
-    slim = metadata.version('pydantic-ai-slim')
-    for line in metadata.requires('pydantic-ai-harness') or []:
-        requirement = Requirement(line)
-        fits = requirement.specifier.contains(slim, prereleases=True)
-        if requirement.name == 'pydantic-ai-slim' and requirement.marker is None and not fits:
-            return f'pydantic-ai-harness {harness} needs pydantic-ai-slim{requirement.specifier}, not {slim}'
-    return None
-
-
-if (_mismatch := _harness_mismatch()) is not None:
+if (_mismatch := harness_mismatch()) is not None:
     pytest.skip(f'code mode not tested: {_mismatch}', allow_module_level=True)
 code_mode = pytest.importorskip('pydantic_ai_harness.code_mode')
 

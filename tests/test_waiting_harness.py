@@ -17,10 +17,7 @@ import pytest
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai_harness import AskUser
-from pydantic_ai_harness.approval_reviewer import ApprovalReviewer
-from pydantic_ai_harness.ask_user import AskUserAnswer, AskUserRequest, AskUserResponse, ask_user_result
-from waiting_agent import lines, note, summary
+from helpers import harness_mismatch
 
 from pydantic_ai_durable import (
     Durable,
@@ -31,6 +28,19 @@ from pydantic_ai_durable import (
     pending_calls,
     resolve,
 )
+
+if (_mismatch := harness_mismatch()) is not None:
+    pytest.skip(f'pydantic-ai-harness capabilities not tested: {_mismatch}', allow_module_level=True)
+
+from pydantic_ai_harness import AskUser  # noqa: E402
+from pydantic_ai_harness.approval_reviewer import ApprovalReviewer  # noqa: E402
+from pydantic_ai_harness.ask_user import (  # noqa: E402
+    AskUserAnswer,
+    AskUserRequest,
+    AskUserResponse,
+    ask_user_result,
+)
+from waiting_agent import lines, note, summary  # noqa: E402
 
 KEY = 'trip-3'
 QUESTIONS = {
