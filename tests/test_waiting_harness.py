@@ -17,10 +17,9 @@ import pytest
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai_harness import AskUser
 from pydantic_ai_harness.approval_reviewer import ApprovalReviewer
 from pydantic_ai_harness.ask_user import AskUserAnswer, AskUserRequest, AskUserResponse, ask_user_result
-from waiting_agent import lines, note, summary
+from waiting_agent import asking_agent, lines, note, summary
 
 from pydantic_ai_durable import (
     Durable,
@@ -33,45 +32,12 @@ from pydantic_ai_durable import (
 )
 
 KEY = 'trip-3'
-QUESTIONS = {
-    'questions': [
-        {
-            'header': 'Seat',
-            'question': 'Which seat do you want?',
-            'options': [{'label': 'Window'}, {'label': 'Aisle', 'description': 'easier to leave'}],
-        },
-        {
-            'header': 'Meals',
-            'question': 'Which meals?',
-            'options': [{'label': 'Breakfast'}, {'label': 'Dinner'}, {'label': 'None'}],
-            'multi_select': True,
-        },
-    ]
-}
 ANSWER = AskUserResponse(
     answers=(
         AskUserAnswer(header='Seat', selected=('Aisle',)),
         AskUserAnswer(header='Meals', selected=('Breakfast', 'Dinner')),
     )
 )
-
-
-def asking_agent(journal: Journal | None, log: Path) -> Agent[None, str | DeferredToolRequests]:
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        note(log, 'model')
-        if not any(isinstance(p, ToolReturnPart) for m in messages for p in m.parts):
-            return ModelResponse(parts=[ToolCallPart('ask_user_question', QUESTIONS, tool_call_id='q1')])
-        return ModelResponse(parts=[TextPart(summary(messages))])
-
-    capabilities: list[Any] = [AskUser(answerer=None)]
-    if journal is not None:
-        capabilities.append(Durable(journal))
-    return Agent(
-        FunctionModel(model, model_name='asking'),
-        name='trips',
-        output_type=[str, DeferredToolRequests],  # type: ignore[arg-type]
-        capabilities=capabilities,
-    )
 
 
 async def _ask(journal: Journal, log: Path) -> Any:

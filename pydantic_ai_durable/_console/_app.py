@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse
 from ..journals import Journal
 from ._access import ConsoleSettings, csrf_token, query_of
 from ._views import utc
+from ._waiting import answer_template, questions
 
 __all__ = ('Answer', 'Console', 'link')
 
@@ -69,6 +70,19 @@ def _size(count: int | None) -> str:
 def _pretty(value: Any) -> str:
     if isinstance(value, str):
         return value
+    return _json(value)
+
+
+def _compact(value: Any) -> str:
+    """A tool's arguments: on one line when short, indented when not; a text as it is."""
+    if isinstance(value, str):
+        return value
+    line = json.dumps(value, ensure_ascii=False, default=str)
+    return line if len(line) <= 100 else _json(value)
+
+
+def _json(value: Any) -> str:
+    """A JSON value as JSON, a text in quotes (a tool's result: `"delivered"` is not `delivered`)."""
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
@@ -93,7 +107,16 @@ class Console:
             lstrip_blocks=True,
         )
         self.templates.globals.update(link=link, settings=settings)
-        self.templates.filters.update(when=_when, seconds=_seconds, size=_size, pretty=_pretty)
+        self.templates.filters.update(
+            when=_when,
+            seconds=_seconds,
+            size=_size,
+            pretty=_pretty,
+            pretty_json=_json,
+            compact=_compact,
+            questions=questions,
+            answer_template=answer_template,
+        )
 
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         csrf = csrf_token(self.settings)
