@@ -2,7 +2,8 @@
 
 The application is the one `serve` runs, called in process through Starlette's test client, over a disk journal
 where `order-7` waits on two refunds that need approval (`c2`, `c3`) and a carrier's answer from outside (`c4`),
-made by the waiting tests' agent, and `order-1` is finished. Every refusal `resolve` makes comes back as a 4xx
+made by the waiting tests' agent, `trip-3` on a question of pydantic-ai-harness's `AskUser`, and `order-1` is
+finished. Every refusal `resolve` makes comes back as a 4xx
 with the reason, and nothing is written; what is accepted is read back from the journal.
 """
 
@@ -18,11 +19,13 @@ from typing import Any
 import pytest
 from helpers import Calls, two_step_agent
 from starlette.testclient import TestClient
-from waiting_agent import KEY, attempt, lines
+from waiting_agent import KEY, QUESTIONS, asking_agent, attempt, lines
 
 from pydantic_ai_durable import DeferredCall, execution, pending_calls
 from pydantic_ai_durable._console import ConsoleSettings, build_app
 from pydantic_ai_durable.journals import DiskJournal, Encryption, reseal
+
+pytestmark = pytest.mark.once  # the console's own machinery, whatever the pydantic-ai version
 
 LOCAL = 'http://127.0.0.1:8765'
 
@@ -35,6 +38,8 @@ def journal_path(tmp_path: Path) -> Path:
         journal = DiskJournal(path)
         async with execution('order-1', journal=journal):
             await two_step_agent(journal, Calls()).run('count the rows')
+        async with execution('trip-3', journal=journal):
+            await asking_agent(journal, tmp_path / 'asked').run('book my trip')
         await attempt(journal, tmp_path / 'log', scenario='three')
         await journal.close()
 
@@ -67,8 +72,8 @@ def _decide(client: TestClient, body: Any, csrf: str | None = None) -> Any:
 
 def test_ui7_the_api_lists_the_waiting_executions_with_their_pending_calls(client: TestClient) -> None:
     listed = client.get('/api/waiting').json()
-    assert listed['total'] == 1 and [e['key'] for e in listed['executions']] == [KEY]
-    (waiting,) = listed['executions']
+    assert listed['total'] == 2 and [e['key'] for e in listed['executions']] == [KEY, 'trip-3']  # last changed first
+    waiting, asking = listed['executions']
     assert waiting['state'] == 'waiting' and waiting['problem'] is None
     calls = {call['call_id']: call for call in waiting['calls']}
     assert {call_id: call['kind'] for call_id, call in calls.items()} == {
@@ -79,7 +84,21 @@ def test_ui7_the_api_lists_the_waiting_executions_with_their_pending_calls(clien
     assert calls['c3']['arguments'] == {'amount': 900} and calls['c3']['tool_metadata'] == {'team': 'billing'}
     assert calls['c4']['metadata'] == {'queue': 'carriers', 'parcel': 'p-1'} and calls['c4']['deadline'] is None
     assert calls['c2']['since'].endswith('Z') and calls['c2']['decision'] is None
-    assert client.get('/api/waiting?offset=1').json() == {'total': 1, 'executions': []}
+    (question,) = asking['calls']
+    assert (question['tool'], question['kind']) == ('ask_user_question', 'external')
+    asked = question['request']['questions']  # the validated request: what AskUser puts to the person
+    assert [(q['header'], q['multi_select']) for q in asked] == [('Seat', False), ('Meals', True)]
+    assert [o['label'] for o in asked[0]['options']] == [o['label'] for o in QUESTIONS['questions'][0]['options']]
+    assert [e['key'] for e in client.get('/api/waiting?offset=1&limit=1').json()['executions']] == ['trip-3']
+
+
+def test_ui7_the_waiting_page_is_paged_on_the_server(journal_path: Path) -> None:
+    with TestClient(build_app(DiskJournal(journal_path), ConsoleSettings(page_size=1)), base_url=LOCAL) as client:
+        first, second = client.get('/waiting').text, client.get('/waiting?page=2').text
+    assert f'data-key="{KEY}"' in first and 'data-key="trip-3"' not in first and 'rel="next"' in first
+    assert 'data-key="trip-3"' in second and f'data-key="{KEY}"' not in second and 'rel="prev"' in second
+    assert 'Which seat do you want?' in second and 'Aisle' in second  # the question and its options
+    assert '2 waiting' in first
 
 
 def test_ui7_a_decision_needs_the_csrf_token_and_is_refused_read_only(client: TestClient, journal_path: Path) -> None:
@@ -172,7 +191,7 @@ def test_ui7_the_api_decides_idempotently_records_who_and_the_run_goes_on(
     output = asyncio.run(go_on())
     assert 'c2 refund: refunded 5' in output and "c4 carrier: {'status': 'delivered'}" in output
     assert lines(tmp_path / 'log') == ['model', 'refund 5', 'model']
-    assert client.get('/api/waiting').json()['total'] == 0
+    assert client.get('/api/waiting').json()['total'] == 1  # only trip-3 still waits
 
 
 def test_ui7_a_refused_decision_from_a_form_shows_its_reason_on_the_page_never_a_500(

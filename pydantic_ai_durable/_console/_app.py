@@ -70,20 +70,18 @@ def _size(count: int | None) -> str:
 def _pretty(value: Any) -> str:
     if isinstance(value, str):
         return value
-    return _json(value)
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
 def _compact(value: Any) -> str:
-    """A tool's arguments: on one line when short, indented when not; a text as it is."""
-    if isinstance(value, str):
-        return value
-    line = json.dumps(value, ensure_ascii=False, default=str)
-    return line if len(line) <= 100 else _json(value)
+    """A tool's arguments or metadata: a text as it is, JSON on one line when short, indented when not."""
+    return value if isinstance(value, str) else _json(value)
 
 
 def _json(value: Any) -> str:
     """A JSON value as JSON, a text in quotes (a tool's result: `"delivered"` is not `delivered`)."""
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    line = json.dumps(value, ensure_ascii=False, default=str)
+    return line if len(line) <= 100 else json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
 class Answer(JSONResponse):
@@ -112,7 +110,7 @@ class Console:
             seconds=_seconds,
             size=_size,
             pretty=_pretty,
-            pretty_json=_json,
+            json=_json,
             compact=_compact,
             questions=questions,
             answer_template=answer_template,

@@ -151,10 +151,6 @@ class ExecutionView:
     calls: list[DeferredCall] = field(default_factory=list)
     """Every tool call its runs deferred: those it waits on, and the decided ones with their audit trail (UI-7)."""
 
-    @property
-    def pending(self) -> list[DeferredCall]:
-        return [call for call in self.calls if call.pending] if self.state == 'waiting' else []
-
     def as_json(self) -> dict[str, Any]:
         found = asdict(self)
         found['calls'] = [call_json(call) for call in self.calls]
