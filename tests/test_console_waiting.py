@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +41,7 @@ def journal_path(tmp_path: Path) -> Path:
             await two_step_agent(journal, Calls()).run('count the rows')
         async with execution('trip-3', journal=journal):
             await asking_agent(journal, tmp_path / 'asked').run('book my trip')
-        await attempt(journal, tmp_path / 'log', scenario='three')
+        await attempt(journal, tmp_path / 'log', scenario='three', refund_timeout=3600)  # the refunds: 1 h each
         await journal.close()
 
     asyncio.run(record())
@@ -81,8 +82,15 @@ def test_ui7_the_api_lists_the_waiting_executions_with_their_pending_calls(clien
         'c3': 'approval',
         'c4': 'external',
     }
-    assert calls['c3']['arguments'] == {'amount': 900} and calls['c3']['tool_metadata'] == {'team': 'billing'}
+    assert calls['c3']['arguments'] == {'amount': 900} and calls['c3']['tool_metadata'] == {
+        'team': 'billing',
+        'wait_timeout': 3600,
+    }
     assert calls['c4']['metadata'] == {'queue': 'carriers', 'parcel': 'p-1'} and calls['c4']['deadline'] is None
+    since, deadline = (datetime.datetime.fromisoformat(calls['c3'][name]) for name in ('since', 'deadline'))
+    assert deadline - since == datetime.timedelta(hours=1)
+    page = client.get('/waiting').text
+    assert deadline.strftime('%Y-%m-%d %H:%M:%S UTC') in page and 'none: it waits until decided' in page
     assert calls['c2']['since'].endswith('Z') and calls['c2']['decision'] is None
     (question,) = asking['calls']
     assert (question['tool'], question['kind']) == ('ask_user_question', 'external')
@@ -103,6 +111,9 @@ def test_ui7_the_waiting_page_is_paged_on_the_server(journal_path: Path) -> None
 
 def test_ui7_a_decision_needs_the_csrf_token_and_is_refused_read_only(client: TestClient, journal_path: Path) -> None:
     body = {'key': KEY, 'approvals': {'c2': True}}
+    token = ConsoleSettings(token='a-token-of-sixteen-or-more')
+    with TestClient(build_app(DiskJournal(journal_path), token), base_url='http://console.example') as outside:
+        assert outside.post('/api/execution/resolve', json=body).status_code == 401
     assert client.post('/api/execution/resolve', json=body).status_code == 403
     assert _decide(client, body, csrf='forged').status_code == 403
     form = {'key': KEY, 'call': 'c2', 'decision': 'approve'}
@@ -184,7 +195,7 @@ def test_ui7_the_api_decides_idempotently_records_who_and_the_run_goes_on(
     async def go_on() -> Any:
         journal = DiskJournal(journal_path)
         try:
-            return await attempt(journal, tmp_path / 'log', scenario='three')
+            return await attempt(journal, tmp_path / 'log', scenario='three', refund_timeout=3600)
         finally:
             await journal.close()
 
