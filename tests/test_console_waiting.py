@@ -13,6 +13,7 @@ import asyncio
 import base64
 import datetime
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from helpers import Calls, two_step_agent
 from starlette.testclient import TestClient
 from waiting_agent import KEY, QUESTIONS, asking_agent, attempt, lines
 
-from pydantic_ai_durable import DeferredCall, execution, pending_calls
+from pydantic_ai_durable import DeferredCall, deny_overdue, execution, pending_calls
 from pydantic_ai_durable._console import ConsoleSettings, build_app
 from pydantic_ai_durable.journals import DiskJournal, Encryption, reseal
 
@@ -269,3 +270,22 @@ def test_ui7_sealed_calls_read_without_keys_show_as_sealed_and_are_not_decided(
         assert [call['call_id'] for call in listed['calls']] == ['c2', 'c3', 'c4']
         assert _decide(client, {'key': KEY, 'approvals': {'c2': True}}).json()['decided'] == ['c2']
         assert base64.b64encode(key).decode() not in client.get('/waiting').text
+
+
+def test_ui7_a_call_denied_by_its_deadline_shows_how_it_was_decided(client: TestClient, journal_path: Path) -> None:
+    async def sweep() -> None:
+        journal = DiskJournal(journal_path)
+        try:
+            await deny_overdue(journal, now=time.time() + 7200)  # two hours on: the refunds' hour has passed
+        finally:
+            await journal.close()
+
+    asyncio.run(sweep())
+    page = client.get(f'/execution?key={KEY}').text
+    for call_id in ('c2', 'c3'):
+        row = page[page.index(f'data-call="{call_id}" data-decision="denied"') :]
+        row = row[: row.index('</tr>')]
+        assert 'its deadline passed' in row and 'it timed out and was denied' in row
+    assert 'data-call="c4" data-kind="external"' in page  # still waits, with its forms
+    shown = {c['call_id']: c for c in client.get(f'/api/execution?key={KEY}').json()['calls']}
+    assert shown['c2']['decision']['via'] == 'deadline' and shown['c4']['decision'] is None
