@@ -76,10 +76,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def console_server(journal: str, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """`pydantic-ai-durable --journal JOURNAL serve` in a process of its own; yields its base URL."""
+def console_server(
+    journal: str, *extra: str, serving: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """`pydantic-ai-durable --journal JOURNAL [EXTRA] serve [SERVING]` in a process of its own; yields its base URL."""
     port = free_port()
-    command = [sys.executable, '-m', 'pydantic_ai_durable', '--journal', journal, *extra, 'serve', '--port', str(port)]
+    command = [sys.executable, '-m', 'pydantic_ai_durable', '--journal', journal, *extra, 'serve', *serving]
+    command += ['--port', str(port)]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, text=True
     )
@@ -104,10 +107,21 @@ def console_server(journal: str, *extra: str, env: dict[str, str] | None = None)
             process.kill()
 
 
-def screenshot(driver: Any, directory: Path, name: str, *, docs: bool = True) -> Path:
-    """Save the page as `name.png` in `directory`, and in `$PYDANTIC_AI_DURABLE_SCREENSHOTS` when set (the docs)."""
+def screenshot(driver: Any, directory: Path, name: str, *, docs: bool = True, whole: bool = False) -> Path:
+    """Save the page as `name.png` in `directory`, and in `$PYDANTIC_AI_DURABLE_SCREENSHOTS` when set (the docs).
+
+    `whole` takes the whole page (up to 2,400 pixels high), not only what the window shows.
+    """
     path = directory / f'{name}.png'
-    driver.save_screenshot(str(path))
+    size = driver.get_window_size()
+    if whole:
+        height = int(driver.execute_script('return document.documentElement.scrollHeight'))
+        driver.set_window_size(size['width'], min(max(height + 120, size['height']), 2400))
+    try:
+        driver.save_screenshot(str(path))
+    finally:
+        if whole:
+            driver.set_window_size(size['width'], size['height'])
     into = os.environ.get(SCREENSHOTS_VARIABLE)
     if into and docs:
         Path(into).mkdir(parents=True, exist_ok=True)

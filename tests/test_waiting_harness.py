@@ -32,7 +32,6 @@ from pydantic_ai_durable import (
 if (_mismatch := harness_mismatch()) is not None:
     pytest.skip(f'pydantic-ai-harness capabilities not tested: {_mismatch}', allow_module_level=True)
 
-from pydantic_ai_harness import AskUser  # noqa: E402
 from pydantic_ai_harness.approval_reviewer import ApprovalReviewer  # noqa: E402
 from pydantic_ai_harness.ask_user import (  # noqa: E402
     AskUserAnswer,
@@ -40,48 +39,15 @@ from pydantic_ai_harness.ask_user import (  # noqa: E402
     AskUserResponse,
     ask_user_result,
 )
-from waiting_agent import lines, note, summary  # noqa: E402
+from waiting_agent import asking_agent, lines, note, summary  # noqa: E402
 
 KEY = 'trip-3'
-QUESTIONS = {
-    'questions': [
-        {
-            'header': 'Seat',
-            'question': 'Which seat do you want?',
-            'options': [{'label': 'Window'}, {'label': 'Aisle', 'description': 'easier to leave'}],
-        },
-        {
-            'header': 'Meals',
-            'question': 'Which meals?',
-            'options': [{'label': 'Breakfast'}, {'label': 'Dinner'}, {'label': 'None'}],
-            'multi_select': True,
-        },
-    ]
-}
 ANSWER = AskUserResponse(
     answers=(
         AskUserAnswer(header='Seat', selected=('Aisle',)),
         AskUserAnswer(header='Meals', selected=('Breakfast', 'Dinner')),
     )
 )
-
-
-def asking_agent(journal: Journal | None, log: Path) -> Agent[None, str | DeferredToolRequests]:
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        note(log, 'model')
-        if not any(isinstance(p, ToolReturnPart) for m in messages for p in m.parts):
-            return ModelResponse(parts=[ToolCallPart('ask_user_question', QUESTIONS, tool_call_id='q1')])
-        return ModelResponse(parts=[TextPart(summary(messages))])
-
-    capabilities: list[Any] = [AskUser(answerer=None)]
-    if journal is not None:
-        capabilities.append(Durable(journal))
-    return Agent(
-        FunctionModel(model, model_name='asking'),
-        name='trips',
-        output_type=[str, DeferredToolRequests],  # type: ignore[arg-type]
-        capabilities=capabilities,
-    )
 
 
 async def _ask(journal: Journal, log: Path) -> Any:

@@ -22,6 +22,7 @@ from pydantic_ai_durable import Durable, Journal, execution
 
 PROMPT = 'refund order 7'
 KEY = 'order-7'
+HOSTILE_PARCEL = '</pre><script>window.__pwned=6</script><b id="injected">p-1</b>'
 
 CALLS = {
     'one': [ToolCallPart('lookup', {'order': 7}, tool_call_id='c1'), ToolCallPart('refund', {'amount': 5}, 'c2')],
@@ -30,8 +31,30 @@ CALLS = {
         ToolCallPart('refund', {'amount': 900}, tool_call_id='c3'),
         ToolCallPart('carrier', {'parcel': 'p-1'}, tool_call_id='c4'),
     ],
+    'hostile': [  # the console's tests: a parcel name made of markup, in the arguments and the deferral's metadata
+        ToolCallPart('refund', {'amount': 5}, tool_call_id='c2'),
+        ToolCallPart('refund', {'amount': 900}, tool_call_id='c3'),
+        ToolCallPart('carrier', {'parcel': HOSTILE_PARCEL}, tool_call_id='c4'),
+    ],
 }
 """What the model asks for in its first response, per scenario."""
+
+QUESTIONS = {
+    'questions': [
+        {
+            'header': 'Seat',
+            'question': 'Which seat do you want?',
+            'options': [{'label': 'Window'}, {'label': 'Aisle', 'description': 'easier to leave'}],
+        },
+        {
+            'header': 'Meals',
+            'question': 'Which meals?',
+            'options': [{'label': 'Breakfast'}, {'label': 'Dinner'}, {'label': 'None'}],
+            'multi_select': True,
+        },
+    ]
+}
+"""What the agent of pydantic-ai-harness's `AskUser` asks a person (WT-6)."""
 
 
 def lines(log: Path) -> list[str]:
@@ -134,3 +157,24 @@ async def plain_two_runs(
     assert isinstance(first.output, DeferredToolRequests)
     second = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
     return second.output, lines(log)
+
+
+def asking_agent(journal: Journal | None, log: Path) -> Agent[None, str | DeferredToolRequests]:
+    """An agent whose model asks a person `QUESTIONS` through pydantic-ai-harness's `AskUser(answerer=None)`."""
+    from pydantic_ai_harness import AskUser
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        note(log, 'model')
+        if not any(isinstance(p, ToolReturnPart) for m in messages for p in m.parts):
+            return ModelResponse(parts=[ToolCallPart('ask_user_question', QUESTIONS, tool_call_id='q1')])
+        return ModelResponse(parts=[TextPart(summary(messages))])
+
+    capabilities: list[Any] = [AskUser(answerer=None)]
+    if journal is not None:
+        capabilities.append(Durable(journal))
+    return Agent(
+        FunctionModel(model, model_name='asking'),
+        name='trips',
+        output_type=[str, DeferredToolRequests],  # type: ignore[arg-type]
+        capabilities=capabilities,
+    )

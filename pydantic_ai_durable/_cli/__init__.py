@@ -44,6 +44,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
                 port=options.port,
                 token=options.token,
                 read_only=options.read_only,
+                by=options.by,
             )
         decrypt = command == 'rekey' and options.decrypt
         target = open_target(

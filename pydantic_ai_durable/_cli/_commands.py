@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._core import RekeyReport, RunMeta, latest_spend, missing_links, parse_entry, rekey
+from .._core import RekeyReport, RunMeta, call_json, latest_spend, missing_links, parse_entry, rekey
 from ..journals import (
     EXECUTION_STATES,
     KEYS_VARIABLE,
@@ -34,7 +34,7 @@ from ..journals import (
 from ._parsing import Duration, run_order
 from ._render import cell, epoch, escape, local, plural, print_json, print_lines, quote, size, table, utc
 from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, Target, run_on
-from ._waiting import call_json, calls_lines, sealed_note
+from ._waiting import calls_lines, sealed_note
 
 __all__ = ('delete_command', 'list_command', 'prune_command', 'rekey_command', 'show_command')
 

@@ -165,6 +165,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         help='require this token (default: $PYDANTIC_AI_DURABLE_CONSOLE_TOKEN); needed for any host but 127.0.0.1',
     )
     sub['serve'].add_argument('--read-only', action='store_true', help='show everything, change nothing')
+    sub['serve'].add_argument(
+        '--by',
+        metavar='NAME',
+        default=None,
+        help="who the console's decisions are recorded as (default: your user name)",
+    )
     sub['delete'].add_argument('key', metavar='KEY', help='the execution key')
     sub['delete'].add_argument(
         '--force', action='store_true', help='delete even while a live attempt holds the execution'

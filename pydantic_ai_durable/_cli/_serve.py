@@ -10,6 +10,7 @@ from __future__ import annotations
 from .._errors import ConsoleRefused
 from ._render import cell
 from ._target import EXIT_OK, EXIT_USAGE, Failure, open_target
+from ._waiting import default_resolver
 
 __all__ = ('serve_command',)
 
@@ -17,7 +18,14 @@ _INSTALL = "the console needs the extra 'console': pip install 'pydantic-ai-dura
 
 
 def serve_command(
-    journal: str | None, schema: str | None, *, host: str, port: int, token: str | None, read_only: bool
+    journal: str | None,
+    schema: str | None,
+    *,
+    host: str,
+    port: int,
+    token: str | None,
+    read_only: bool,
+    by: str | None = None,
 ) -> int:
     try:
         from .. import _console
@@ -29,7 +37,12 @@ def serve_command(
         raise Failure(str(exc), EXIT_USAGE) from None
     target = open_target(journal, schema)
     settings = _console.ConsoleSettings(
-        host=host, port=port, token=chosen, read_only=read_only, label=cell(target.label, 120)
+        host=host,
+        port=port,
+        token=chosen,
+        read_only=read_only,
+        label=cell(target.label, 120),
+        by=by if by is not None else default_resolver(),
     )
     try:
         _console.serve(target.journal, settings)

@@ -16,10 +16,10 @@ from typing import Any
 from .._core import Resolution, resolve_calls
 from .._errors import ExecutionBusy, ResolutionRefused
 from ..journals import KEYS_VARIABLE, SEALED, CallDecision, DeferredCall, deferred_calls
-from ._render import cell, local, plural, print_json, print_lines, quote, table, utc
+from ._render import cell, local, plural, print_json, print_lines, quote, table
 from ._target import EXIT_OK, EXIT_USAGE, Failure, Target, run_on
 
-__all__ = ('call_json', 'calls_lines', 'decide_command', 'default_resolver', 'sealed_note')
+__all__ = ('calls_lines', 'decide_command', 'default_resolver', 'sealed_note')
 
 _ARGS_WIDTH = 60
 
@@ -67,15 +67,7 @@ def decide_command(
 
     resolution = run_on(target, decide)
     if as_json:
-        print_json(
-            {
-                'key': resolution.key,
-                'decided': list(resolution.decided),
-                'unchanged': list(resolution.unchanged),
-                'pending': list(resolution.pending),
-                'completed': resolution.completed,
-            }
-        )
+        print_json(resolution.as_json())
         return EXIT_OK
     verb = {'approve': 'approved', 'deny': 'denied', 'complete': 'completed'}[command]
     done = 'already ' + verb if resolution.unchanged else verb
@@ -87,28 +79,6 @@ def decide_command(
     )
     print_lines([f'{done} call {cell(call_id, 60)} of execution {quote(key)}; {left}'])
     return EXIT_OK
-
-
-def call_json(call: DeferredCall) -> dict[str, Any]:
-    """A deferred call as `show --json` and `list --json` print it."""
-    decision = call.decision
-    return {
-        'call_id': call.call_id,
-        'tool': call.tool_name,
-        'kind': call.kind,
-        'run': call.run,
-        'arguments': call.arguments,
-        'metadata': call.metadata,
-        'tool_metadata': call.tool_metadata,
-        'request': call.request,
-        'since': utc(call.since),
-        'deadline': utc(call.deadline),
-        'pending': call.pending,
-        'answered_in': call.answered_in,
-        'decision': None
-        if decision is None
-        else {**decision.as_record(), 'at': utc(decision.at), 'at_epoch': decision.at},
-    }
 
 
 def calls_lines(record: dict[str, Any] | None) -> list[str]:

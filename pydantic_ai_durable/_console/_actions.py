@@ -1,22 +1,38 @@
-"""What the console changes: export, fork and delete, through the functions the CLI calls, fenced alike (UI-3).
+"""What the console changes: export, fork, delete and decisions, through the functions the CLI calls (UI-3, UI-7).
 
 Export and fork are the journal core's `export_execution` and `fork_execution` (XP-1, XP-3); delete is
 `delete_under_lease`, which takes the execution's lease first so the attempt that held it can write
-nothing more (B-13), and refuses a running execution as `delete` without `--force` does. A refusal a user
-can act on comes back as `Refused`, shown on the page or in the API's answer; nothing here bypasses a lease.
+nothing more (B-13), and refuses a running execution as `delete` without `--force` does. A decision is the
+core's `resolve_calls`, as the CLI's `approve`, `deny` and `complete`: fenced under the execution's lease,
+all or nothing, idempotent (WT-2). A refusal a user can act on comes back as `Refused`, shown on the page or
+in the API's answer; nothing here bypasses a lease.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Mapping
 from typing import Any
 
-from .._core import export_execution, fork_execution
-from .._errors import DurableError
-from ..journals import Journal, delete_under_lease
+from .._core import Resolution, export_execution, fork_execution, resolve_calls
+from .._errors import DurableError, EncryptionMismatch, ExecutionBusy, ResolutionRefused
+from ..journals import CallDecision, Journal, delete_under_lease
 
-__all__ = ('Refused', 'delete', 'export', 'file_name', 'fork')
+__all__ = (
+    'VERBS',
+    'Refused',
+    'api_decisions',
+    'delete',
+    'export',
+    'file_name',
+    'fork',
+    'form_decision',
+    'parse_json',
+    'resolve',
+    'resolver',
+)
 
 _SAFE_NAME = re.compile(r'[^A-Za-z0-9._-]+')
 
@@ -78,3 +94,103 @@ async def delete(journal: Journal, key: str) -> dict[str, Any]:
     except DurableError as exc:
         raise _refusing(exc) from None
     return {'deleted': key, 'state': state}
+
+
+VERBS = ('approve', 'deny', 'complete')
+"""The decisions the pages' forms post, as the CLI names them."""
+DENIED = 'The tool call was denied.'
+"""What the model is told of a denial given no message (pydantic-ai's own default)."""
+_BY_LIMIT = 200
+
+
+def _finite(name: str) -> Any:
+    raise ValueError(f'{name} is not a JSON number')
+
+
+def parse_json(text: str | bytes) -> Any:
+    """JSON as the journal stores it: NaN and infinities refused, as a write would refuse them (J-2)."""
+    return json.loads(text, parse_constant=_finite)
+
+
+def _result(text: str, call_id: str) -> Any:
+    """The JSON a person typed as a tool's result, or a refusal saying what is wrong with it (nothing is written)."""
+    try:
+        if not text.strip():
+            raise ValueError('it is empty')
+        value = parse_json(text)
+    except ValueError as exc:
+        raise Refused(
+            f'The result for call {call_id!r} is not JSON ({exc}). Write a text in double quotes ("delivered"), '
+            'a number, or an object ({"status": "delivered"}). Nothing was recorded.',
+            400,
+        ) from None
+    return value
+
+
+def form_decision(verb: str, call_id: str, *, message: str, result: str, by: str) -> CallDecision:
+    """A decision from a page's form: approve, deny with an optional message, or complete with a JSON result."""
+    now = time.time()
+    if verb == 'approve':
+        return CallDecision('approved', now, by)
+    if verb == 'deny':
+        return CallDecision('denied', now, by, message=message.strip() or DENIED)
+    if verb == 'complete':
+        return CallDecision('result', now, by, value=_result(result, call_id))
+    raise Refused(f'No decision {verb!r}: use {", ".join(VERBS)}.', 400)
+
+
+def _approval(call_id: str, value: Any, now: float, by: str) -> CallDecision:
+    """An approval as pydantic-ai's `DeferredToolResults` writes one in JSON: a bool, `tool-approved`, `tool-denied`."""
+    if value is True:
+        return CallDecision('approved', now, by)
+    if value is False:
+        return CallDecision('denied', now, by, message=DENIED)
+    kind = value.get('kind') if isinstance(value, dict) else None
+    if kind == 'tool-approved' and isinstance(value.get('override_args'), (dict, type(None))):
+        return CallDecision('approved', now, by, override_args=value.get('override_args'))
+    if kind == 'tool-denied' and isinstance(value.get('message', DENIED), str):
+        return CallDecision('denied', now, by, message=value.get('message', DENIED))
+    raise Refused(
+        f'The approval of call {call_id!r} must be true, false, {{"kind": "tool-approved", "override_args": {{...}}}} '
+        'or {"kind": "tool-denied", "message": "..."}.',
+        400,
+    )
+
+
+def api_decisions(body: Mapping[str, Any], by: str) -> dict[str, CallDecision]:
+    """The decisions `POST /api/execution/resolve` carries (`approvals`, `results`), checked before any write."""
+    approvals, results = body.get('approvals') or {}, body.get('results') or {}
+    if not isinstance(approvals, dict) or not isinstance(results, dict):
+        raise Refused('approvals and results must be JSON objects keyed by tool call id.', 400)
+    if not approvals and not results:
+        raise Refused('Nothing to decide: give approvals={call_id: ...} or results={call_id: ...}.', 400)
+    now = time.time()
+    decisions = {call_id: _approval(call_id, value, now, by) for call_id, value in approvals.items()}
+    for call_id, value in results.items():
+        if call_id in decisions:
+            raise Refused(f'Call {call_id!r} is given both an approval and a result; give it one decision.', 400)
+        decisions[call_id] = CallDecision('result', now, by, value=value)
+    return decisions
+
+
+def resolver(settings_by: str | None, given: object, where: str) -> str:
+    """Who a decision is recorded as: the name the request gives (the API only) or `serve --by`, and from where."""
+    name = given if isinstance(given, str) and given.strip() else settings_by
+    name = ' '.join((name or '').split())[:_BY_LIMIT]
+    return f'{name} ({where})' if name else where
+
+
+async def resolve(journal: Journal, key: str, decisions: Mapping[str, CallDecision]) -> Resolution:
+    """Record `decisions` for the calls execution `key` waits on, as `approve` / `deny` / `complete` do (WT-2)."""
+    try:
+        return await resolve_calls(journal, key, decisions)
+    except ResolutionRefused as exc:
+        status = 404 if exc.call_id is None and await journal.read_execution(key) is None else 409
+        raise Refused(' '.join(str(exc).split()), status) from None
+    except EncryptionMismatch:
+        raise Refused(
+            f'The calls of execution {key!r} are sealed: the console was started without the keys '
+            '($PYDANTIC_AI_DURABLE_KEYS), so it can neither read nor decide them. Nothing was recorded.'
+        ) from None
+    except ExecutionBusy as exc:
+        raise Refused(' '.join(str(exc).split())) from None

@@ -1,8 +1,9 @@
-"""The console's JSON API under `/api/`: what the pages show, for teams that build their own screen (UI-6).
+"""The console's JSON API under `/api/`: what the pages show, for teams that build their own screen (UI-6, UI-7).
 
 Reads answer GET; the actions answer POST with the CSRF token in `X-CSRF-Token` (from `GET /api/session`)
 and are refused in read-only mode, exactly as the pages' forms are (UI-4). Every answer is JSON built from
-the same views as the pages; none holds key material.
+the same views as the pages; none holds key material. Decisions come as pydantic-ai's `DeferredToolResults`
+holds them in JSON (`approvals`, `results`, by call id) and go through the same core function as the forms.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from .._core import recorded_conversation
 from .._errors import EncryptionMismatch
 from ..journals import EXECUTION_STATES, ExecutionState
 from ._access import csrf_ok, csrf_token
-from ._actions import Refused, delete, export, file_name, fork
+from ._actions import Refused, api_decisions, delete, export, file_name, fork, parse_json, resolve, resolver
 from ._app import Answer, Console
-from ._pages import ACTIONS, WAITING_STATES
+from ._pages import ACTIONS
 from ._views import info_json, read_execution
+from ._waiting import waiting_rows
 
 __all__ = ('api_routes',)
 
@@ -92,8 +94,34 @@ def api_routes(console: Console) -> list[Route]:
         return Answer(found)
 
     async def waiting(request: Request) -> Response:
-        page = await journal.page_executions(state=WAITING_STATES, limit=_MAX_LIMIT)
-        return Answer({'executions': [info_json(info) for info in page.executions]})
+        query = console.query(request)
+        page = await journal.page_executions(
+            state='waiting',
+            limit=_int(query.get('limit'), console.settings.page_size, 1, _MAX_LIMIT),
+            offset=_int(query.get('offset'), 0, 0, 10**12),
+        )
+        rows = [row.as_json() for row in await waiting_rows(journal, page.executions)]
+        return Answer({'total': page.total('waiting'), 'executions': rows})
+
+    async def decide(request: Request) -> Response:
+        if console.settings.read_only:
+            return _error('this console was started with --read-only', 403)
+        if not csrf_ok(console.settings, request, {}):
+            return _error('missing or wrong X-CSRF-Token (GET /api/session gives it)', 403)
+        try:
+            body = parse_json(await request.body())
+        except ValueError as exc:
+            return _error(f'the body is not JSON: {exc}', 400)
+        if not isinstance(body, dict) or not isinstance(body.get('key'), str):
+            return _error('send a JSON object: {"key": K, "approvals": {...}, "results": {...}, "by": NAME}', 400)
+        if body.get('by') is not None and not isinstance(body['by'], str):
+            return _error('"by" names who decides, as a string', 400)
+        try:
+            decisions = api_decisions(body, resolver(console.settings.by, body.get('by'), 'console API'))
+            resolution = await resolve(journal, body['key'], decisions)
+        except Refused as refused:
+            return _error(str(refused), refused.status)
+        return Answer(resolution.as_json())
 
     async def session(request: Request) -> Response:
         return Answer({'csrf': csrf_token(console.settings), 'read_only': console.settings.read_only})
@@ -130,5 +158,6 @@ def api_routes(console: Console) -> list[Route]:
         Route('/api/execution/messages', messages),
         Route('/api/waiting', waiting),
         Route('/api/session', session),
+        Route('/api/execution/resolve', decide, methods=['POST']),
         Route('/api/execution/{action:str}', act, methods=['POST']),
     ]

@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse
 from ..journals import Journal
 from ._access import ConsoleSettings, csrf_token, query_of
 from ._views import utc
+from ._waiting import answer_template, questions
 
 __all__ = ('Answer', 'Console', 'link')
 
@@ -72,6 +73,17 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
+def _compact(value: Any) -> str:
+    """A tool's arguments or metadata: a text as it is, JSON on one line when short, indented when not."""
+    return value if isinstance(value, str) else _json(value)
+
+
+def _json(value: Any) -> str:
+    """A JSON value as JSON, a text in quotes (a tool's result: `"delivered"` is not `delivered`)."""
+    line = json.dumps(value, ensure_ascii=False, default=str)
+    return line if len(line) <= 100 else json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
 class Answer(JSONResponse):
     """A JSON answer as `--json` prints one: ASCII only, so any key (lone surrogates included) goes through."""
 
@@ -93,7 +105,16 @@ class Console:
             lstrip_blocks=True,
         )
         self.templates.globals.update(link=link, settings=settings)
-        self.templates.filters.update(when=_when, seconds=_seconds, size=_size, pretty=_pretty)
+        self.templates.filters.update(
+            when=_when,
+            seconds=_seconds,
+            size=_size,
+            pretty=_pretty,
+            json=_json,
+            compact=_compact,
+            questions=questions,
+            answer_template=answer_template,
+        )
 
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         csrf = csrf_token(self.settings)

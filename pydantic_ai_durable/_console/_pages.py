@@ -1,9 +1,11 @@
-"""The console's pages: executions, one execution, its conversation, the waiting ones, the actions (UI-1..UI-3).
+"""The console's pages: executions, one execution, its conversation, the waiting ones, the actions (UI-1..UI-3, UI-7).
 
 Each page reads the journal through the protocol (`page_executions`, `read_execution`, `read_run`) and the
 core's readers, renders a template, and changes nothing; the actions are POSTs checked for the CSRF token
 and refused in read-only mode before anything is read (UI-4). A running execution's page is refreshed by
-`/execution/live`, the same fragment the page embeds (UI-5).
+`/execution/live`, the same fragment the page embeds (UI-5). A decision posted from the waiting page or an
+execution's page goes back to that page: redirected with a note read back from the journal once recorded,
+or rendered again with the refusal, and the text typed, when it is not.
 """
 
 from __future__ import annotations
@@ -19,17 +21,17 @@ from .._core import recorded_conversation
 from .._errors import EncryptionMismatch
 from ..journals import EXECUTION_STATES, ExecutionState
 from ._access import csrf_ok
-from ._actions import Refused, delete, export, file_name, fork
+from ._actions import Refused, delete, export, file_name, fork, form_decision, resolve, resolver
 from ._app import Console, link
 from ._chat import chat_of
 from ._views import read_execution
+from ._waiting import decision_note, waiting_rows
 
 __all__ = ('page_routes',)
 
 ACTIONS = ('export', 'fork', 'delete')
-
-WAITING_STATES: tuple[ExecutionState, ...] = ('interrupted',)
-"""What the waiting page lists: executions a retry would resume."""
+NOTES = ('decided', 'unchanged')
+"""The notes a page shows after a decision; what they say is read from the journal."""
 
 
 def _states(text: str) -> tuple[ExecutionState, ...] | None:
@@ -71,13 +73,24 @@ def page_routes(console: Console) -> list[Route]:
             first=(number - 1) * size + 1,
         )
 
-    async def execution(request: Request) -> Response:
-        key = console.query(request).get('key', '')
+    async def execution_page(
+        request: Request, key: str, *, note: str | None = None, error: str | None = None, status: int = 200, **kept: Any
+    ) -> Response:
         view = await read_execution(journal, key, time.time())
         if view is None:
             return console.message(request, 'Not found', f'No execution {key!r} in this journal.', 404)
-        note = console.query(request).get('note')
-        return console.render(request, 'execution.html', view=view, note=note)
+        return console.render(
+            request, 'execution.html', status, view=view, note=note, error=error, drafts=kept.get('drafts', {})
+        )
+
+    async def execution(request: Request) -> Response:
+        query = console.query(request)
+        key, note = query.get('key', ''), query.get('note')
+        if note in NOTES:
+            note = await decision_note(journal, key, query.get('call', ''), note)
+        elif note != 'forked':  # a page never shows text the address chose
+            note = None
+        return await execution_page(request, key, note=note)
 
     async def live(request: Request) -> Response:
         key = console.query(request).get('key', '')
@@ -102,10 +115,68 @@ def page_routes(console: Console) -> list[Route]:
             context['problem'] = str(exc)
         return console.render(request, 'conversation.html', **context)
 
+    async def waiting_page(
+        request: Request,
+        number: int,
+        *,
+        note: str | None = None,
+        error: str | None = None,
+        status: int = 200,
+        **kept: Any,
+    ) -> Response:
+        page = await journal.page_executions(state='waiting', limit=size, offset=(number - 1) * size)
+        interrupted = await journal.page_executions(state='interrupted', limit=size)
+        return console.render(
+            request,
+            'waiting.html',
+            status,
+            rows=await waiting_rows(journal, page.executions),
+            number=number,
+            total=page.total('waiting'),
+            interrupted=interrupted.executions,
+            interrupted_total=interrupted.total('interrupted'),
+            note=note,
+            error=error,
+            drafts=kept.get('drafts', {}),
+        )
+
     async def waiting(request: Request) -> Response:
-        number = _number(console.query(request).get('page'), 1, low=1)
-        page = await journal.page_executions(state=WAITING_STATES, limit=size, offset=(number - 1) * size)
-        return console.render(request, 'waiting.html', page=page, number=number, total=page.total(WAITING_STATES))
+        query = console.query(request)
+        note = query.get('note')
+        note = (
+            await decision_note(journal, query.get('key', ''), query.get('call', ''), note) if note in NOTES else None
+        )
+        return await waiting_page(request, _number(query.get('page'), 1, low=1), note=note)
+
+    async def decide(request: Request) -> Response:
+        """A decision from a form: the CLI's approve / deny / complete, through the same core function (WT-2)."""
+        form = await console.form(request)
+        if console.settings.read_only:
+            return console.message(request, 'Read-only', 'This console was started with --read-only.', 403)
+        if not csrf_ok(console.settings, request, form):
+            return console.message(request, 'Refused', 'The form is missing its CSRF token; reload the page.', 403)
+        key, call_id, back = form.get('key', ''), form.get('call', ''), form.get('back')
+        number = _number(form.get('page'), 1, low=1)
+        try:
+            decision = form_decision(
+                form.get('decision', ''),
+                call_id,
+                message=form.get('message', ''),
+                result=form.get('result', ''),
+                by=resolver(console.settings.by, None, 'console'),
+            )
+            resolution = await resolve(journal, key, {call_id: decision})
+        except Refused as refused:
+            drafts = {(key, call_id): {'result': form.get('result', ''), 'message': form.get('message', '')}}
+            if back == 'execution':
+                return await execution_page(request, key, error=str(refused), status=refused.status, drafts=drafts)
+            return await waiting_page(request, number, error=str(refused), status=refused.status, drafts=drafts)
+        note = 'unchanged' if resolution.unchanged else 'decided'
+        if back == 'execution':
+            return RedirectResponse(link('/execution', key=key, note=note, call=call_id), 303)
+        return RedirectResponse(
+            link('/waiting', page=number if number > 1 else None, note=note, key=key, call=call_id), 303
+        )
 
     async def confirm(request: Request) -> Response:
         query = console.query(request)
@@ -150,6 +221,7 @@ def page_routes(console: Console) -> list[Route]:
         Route('/execution/live', live),
         Route('/execution/conversation', conversation),
         Route('/waiting', waiting),
+        Route('/execution/resolve', decide, methods=['POST']),
         Route('/execution/{action:str}/confirm', confirm),
         Route('/execution/{action:str}', act, methods=['POST']),
     ]

@@ -14,8 +14,18 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._core import RunMeta, parse_entry, run_order
-from ..journals import SEALED, ExecutionInfo, ExecutionState, Journal, RunSnapshot, dumps, metadata_of
+from .._core import RunMeta, call_json, parse_entry, run_order
+from ..journals import (
+    SEALED,
+    DeferredCall,
+    ExecutionInfo,
+    ExecutionState,
+    Journal,
+    RunSnapshot,
+    deferred_calls,
+    dumps,
+    metadata_of,
+)
 
 __all__ = ('AttemptRow', 'ExecutionView', 'RunRow', 'StepRow', 'info_json', 'read_execution', 'utc')
 
@@ -138,9 +148,12 @@ class ExecutionView:
     history: list[AttemptRow]
     runs: list[RunRow]
     steps_bytes: int = 0
+    calls: list[DeferredCall] = field(default_factory=list)
+    """Every tool call its runs deferred: those it waits on, and the decided ones with their audit trail (UI-7)."""
 
     def as_json(self) -> dict[str, Any]:
         found = asdict(self)
+        found['calls'] = [call_json(call) for call in self.calls]
         found['updated'] = utc(self.updated)
         found['retain_until'] = utc(self.retain_until)
         for attempt in found['history']:
@@ -332,4 +345,5 @@ async def read_execution(journal: Journal, key: str, now: float) -> ExecutionVie
         history=history,
         runs=runs,
         steps_bytes=info.bytes if info is not None else 0,
+        calls=deferred_calls(record),
     )

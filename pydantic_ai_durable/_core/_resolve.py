@@ -11,6 +11,7 @@ the same decision again is accepted, a different one is refused.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import time
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from .._runtime import end_holding, new_holder, start_holding
 from ..journals import DEFERRED, SEALED, CallDecision, DeferredCall, Journal, deferred_calls, metadata_of, state_of
 from ._records import ENTRY_VERSION
 
-__all__ = ('Resolution', 'deny_overdue', 'pending_calls', 'resolve_calls')
+__all__ = ('Resolution', 'call_json', 'deny_overdue', 'describe', 'pending_calls', 'resolve_calls')
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -62,6 +63,16 @@ class Resolution:
     def completed(self) -> bool:
         """Whether this resolution decided the last pending call (WT-2)."""
         return self.ready and bool(self.decided)
+
+    def as_json(self) -> dict[str, Any]:
+        """What `approve --json` prints and the console's API answers (WT-2, UI-7)."""
+        return {
+            'key': self.key,
+            'decided': list(self.decided),
+            'unchanged': list(self.unchanged),
+            'pending': list(self.pending),
+            'completed': self.completed,
+        }
 
 
 async def pending_calls(journal: Journal, key: str, *, decided: bool = False) -> list[DeferredCall]:
@@ -193,13 +204,39 @@ def _not_waiting(status: str) -> str:
 
 def describe(decision: CallDecision) -> str:
     """A decision in a sentence: `approved by alice at 2026-...`, for messages and the CLI."""
-    import datetime
-
     what = {'approved': 'approved', 'denied': 'denied', 'result': 'completed with a result'}[decision.kind]
     if decision.via == 'deadline':
         what = 'denied by its deadline'
     when = datetime.datetime.fromtimestamp(decision.at, tz=datetime.UTC).isoformat(timespec='seconds')
     return f'{what}{f" by {decision.by}" if decision.by else ""} at {when}'
+
+
+def _utc(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC).isoformat(timespec='milliseconds')[:-6] + 'Z'
+
+
+def call_json(call: DeferredCall) -> dict[str, Any]:
+    """A deferred call as JSON: one shape for `show --json`, `list --json` and the console's API (WT-1, UI-6)."""
+    decision = call.decision
+    return {
+        'call_id': call.call_id,
+        'tool': call.tool_name,
+        'kind': call.kind,
+        'run': call.run,
+        'arguments': call.arguments,
+        'metadata': call.metadata,
+        'tool_metadata': call.tool_metadata,
+        'request': call.request,
+        'since': _utc(call.since),
+        'deadline': _utc(call.deadline),
+        'pending': call.pending,
+        'answered_in': call.answered_in,
+        'decision': None
+        if decision is None
+        else {**decision.as_record(), 'at': _utc(decision.at), 'at_epoch': decision.at},
+    }
 
 
 async def deny_overdue(journal: Journal, *, now: float | None = None) -> list[Resolution]:
