@@ -55,8 +55,8 @@ async def resolve(
     `dispatch=True` then sends the execution on to a worker, from the delivery its metadata recorded, through
     the fleet of this process that registered its task (import the module that defines the durable task
     first); it sends nothing while calls are still pending (WT-4). The decisions are recorded before the
-    send: should the send fail, its error is raised, the decisions stand, and the workers' sweep sends the
-    execution once its `resume_after` has passed.
+    send: should the send fail, `DurableError` says so, the decisions stand, and the workers' sweep sends
+    the execution once its `resume_after` has passed.
     """
     now = time.time()
     decisions: dict[str, CallDecision] = {}

@@ -135,7 +135,7 @@ class Attempt:
 
     @property
     def waiting_on(self) -> tuple[str, ...]:
-        """The ids of the calls this attempt's runs left undecided: once it ended, what the execution waits on (WT-4)."""
+        """The ids of the calls this attempt's runs left undecided: once it ended, what its execution waits on."""
         return tuple(
             call.call_id for state in self._states.values() for call in deferred_calls(state.record, pending_only=True)
         )

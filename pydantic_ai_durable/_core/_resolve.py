@@ -124,8 +124,8 @@ async def resolve_calls(
 
     With `dispatch=True`, the resolution that decides the last pending call (`completed`) then sends the
     execution on to a worker through this process's dispatcher (WT-4); a `DurableError` before anything is
-    written when there is none. An error of the send is raised after the decisions are recorded: they stand,
-    and the fleet's sweep sends the execution once its `resume_after` has passed.
+    written when there is none. A send that fails raises `DurableError` after the decisions are recorded:
+    they stand, and the fleet's sweep sends the execution once its `resume_after` has passed.
     """
     if not decisions:
         raise ValueError('resolve() needs at least one decision: approvals={call_id: ...} or results={call_id: ...}.')
@@ -133,7 +133,13 @@ async def resolve_calls(
     resolution = await _resolve(journal, key, decisions, wait)
     if dispatcher is None or not resolution.completed:
         return resolution
-    await dispatcher(journal, key)
+    try:
+        await dispatcher(journal, key)
+    except Exception as exc:
+        raise DurableError(
+            f'Execution {key!r}: the decisions are recorded, but sending it on to a worker failed '
+            f"({type(exc).__name__}: {exc}). They stand: the workers' sweep sends it once resume_after has passed."
+        ) from exc
     log.info('Execution %r: its last pending call was decided; it was sent on to a worker.', key)
     return replace(resolution, dispatched=True)
 

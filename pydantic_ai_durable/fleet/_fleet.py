@@ -117,9 +117,7 @@ class Fleet:
             fixed_metadata=FIXED_FIELDS,
         )
 
-    async def run(
-        self, delivery: Delivery, body: Callable[[], Awaitable[_T]], *, wait: bool = False
-    ) -> _T | Waiting:
+    async def run(self, delivery: Delivery, body: Callable[[], Awaitable[_T]], *, wait: bool = False) -> _T | Waiting:
         """Run `body()` inside the delivery's execution; see `run_sync` for `wait` and for what it returns."""
         deadline = self._deadline(delivery, wait)
         async with contextlib.AsyncExitStack() as stack:
@@ -205,7 +203,7 @@ def _outcome(delivery: Delivery, handle: Execution, value: _T) -> _T | Waiting:
     """What a delivery returns: the body's value, or `Waiting` when its execution ended waiting (WT-4)."""
     pending = handle.waiting_on
     if pending:
-        log.info('Execution %r waits on %d call(s); its delivery ends, a decision sends it on.', delivery.key, len(pending))
+        log.info('Execution %r waits on %s; its delivery ends, and a decision sends it on.', delivery.key, pending)
         return Waiting(delivery.key, pending)
     return value
 
