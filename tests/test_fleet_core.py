@@ -128,6 +128,31 @@ def research_agent(effects: Counter[str]) -> Agent[None, str]:
     return Agent(FunctionModel(model), name='toy', tools=[work], capabilities=[Durable()])
 
 
+def approval_agent(effects: Counter[str]) -> Agent[None, str | DeferredToolRequests]:
+    """Asks to pay twice in one response; each payment needs a person's approval."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        effects['model'] += 1
+        returned = [part for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
+        if not returned:
+            return ModelResponse(parts=[ToolCallPart('pay', {'n': n}, tool_call_id=f'pay-{n}') for n in (1, 2)])
+        return ModelResponse(parts=[TextPart(', '.join(sorted(str(part.content) for part in returned)))])
+
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(model),
+        name='payer',
+        output_type=[str, DeferredToolRequests],  # type: ignore[arg-type]
+        capabilities=[Durable()],
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def pay(n: int) -> str:
+        effects[f'pay-{n}'] += 1
+        return f'paid {n}'
+
+    return agent
+
+
 @pytest.fixture
 def toy(tmp_path: Path) -> tuple[ToyAdapter, DiskJournal, Counter[str]]:
     journal = DiskJournal(tmp_path / 'journal')
@@ -138,6 +163,12 @@ def toy(tmp_path: Path) -> tuple[ToyAdapter, DiskJournal, Counter[str]]:
     @adapter.task(journal=journal, resume_after=RESUME_AFTER)
     async def research(prompt: str) -> str:
         return (await agent.run(prompt)).output
+
+    payer = approval_agent(effects)
+
+    @adapter.task(journal=journal, resume_after=RESUME_AFTER)
+    async def pay_out(order: str) -> object:  # ends waiting for a person (WT-4)
+        return (await payer.run(f'pay out {order}')).output
 
     return adapter, journal, effects
 
@@ -245,57 +276,25 @@ def test_e3_errors_cross_a_process_boundary_whole() -> None:
 # -- tasks that wait for a person (WT-4) ---------------------------------------------------------------
 
 
-def approval_agent(effects: Counter[str]) -> Agent[None, str | DeferredToolRequests]:
-    """Asks to pay twice in one response; each payment needs a person's approval."""
-
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        effects['model'] += 1
-        returned = [part for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
-        if not returned:
-            return ModelResponse(parts=[ToolCallPart('pay', {'n': n}, tool_call_id=f'pay-{n}') for n in (1, 2)])
-        return ModelResponse(parts=[TextPart(', '.join(sorted(str(part.content) for part in returned)))])
-
-    agent: Agent[None, str | DeferredToolRequests] = Agent(
-        FunctionModel(model),
-        name='payer',
-        output_type=[str, DeferredToolRequests],  # type: ignore[arg-type]
-        capabilities=[Durable()],
-    )
-
-    @agent.tool_plain(requires_approval=True)
-    def pay(n: int) -> str:
-        effects[f'pay-{n}'] += 1
-        return f'paid {n}'
-
-    return agent
-
-
-@pytest.fixture
-def payer(toy: tuple[ToyAdapter, DiskJournal, Counter[str]]) -> tuple[ToyAdapter, DiskJournal, Counter[str]]:
-    adapter, journal, _ = toy
-    effects: Counter[str] = Counter()
-    agent = approval_agent(effects)
-
-    @adapter.task(journal=journal, resume_after=RESUME_AFTER)
-    async def pay_out(order: str) -> object:
-        return (await agent.run(f'pay out {order}')).output
-
-    return adapter, journal, effects
+async def _ends_waiting(adapter: ToyAdapter, job: str, order: str) -> Waiting:
+    """Deliver `pay_out` as job `job`: its run ends waiting on both payments, and so does the delivery."""
+    adapter.delay('pay_out', job, order)
+    waiting = await adapter.work_one()
+    assert isinstance(waiting, Waiting) and (waiting.key, waiting.pending) == (f'pay_out:{job}', ['pay-1', 'pay-2'])
+    assert adapter.queue.messages == []  # nothing retries it
+    return waiting
 
 
 async def test_wt4_a_delivery_that_ends_waiting_returns_json_that_says_so_and_the_sweep_sends_it_once_decided(
-    payer: tuple[ToyAdapter, DiskJournal, Counter[str]],
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]],
 ) -> None:
-    adapter, journal, effects = payer
-    adapter.delay('pay_out', 'job-5', 'A-1')
-    waiting = await adapter.work_one()
-    assert isinstance(waiting, Waiting) and (waiting.key, waiting.pending) == ('pay_out:job-5', ['pay-1', 'pay-2'])
+    adapter, journal, effects = toy
+    waiting = await _ends_waiting(adapter, 'job-5', 'A-1')
     assert json.loads(json.dumps(waiting)) == {
         'state': 'waiting',
         'key': 'pay_out:job-5',
         'pending': ['pay-1', 'pay-2'],
     }
-    assert adapter.queue.messages == []  # the delivery ended; nothing retries it
     await asyncio.sleep(RESUME_AFTER)
     assert await adapter.fleet.sweep() == []  # waiting on two calls: never sent
     await resolve(journal, 'pay_out:job-5', approvals={'pay-1': True, 'pay-2': False}, by='alice')
@@ -309,11 +308,10 @@ async def test_wt4_a_delivery_that_ends_waiting_returns_json_that_says_so_and_th
 
 
 async def test_wt4_resolve_with_dispatch_sends_the_task_only_when_it_decides_the_last_pending_call(
-    payer: tuple[ToyAdapter, DiskJournal, Counter[str]],
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]],
 ) -> None:
-    adapter, journal, effects = payer
-    adapter.delay('pay_out', 'job-6', 'B-2')
-    assert isinstance(await adapter.work_one(), Waiting)
+    adapter, journal, effects = toy
+    await _ends_waiting(adapter, 'job-6', 'B-2')
     first = await resolve(journal, 'pay_out:job-6', approvals={'pay-1': True}, dispatch=True)
     assert (first.completed, first.dispatched, first.pending) == (False, False, ('pay-2',))
     assert adapter.queue.messages == []  # a call still waits: nothing is sent
@@ -327,11 +325,10 @@ async def test_wt4_resolve_with_dispatch_sends_the_task_only_when_it_decides_the
 
 
 async def test_wt4_dispatch_with_no_fleet_loaded_is_refused_before_a_decision_is_written(
-    payer: tuple[ToyAdapter, DiskJournal, Counter[str]],
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]],
 ) -> None:
-    adapter, journal, _ = payer
-    adapter.delay('pay_out', 'job-7', 'C-3')
-    assert isinstance(await adapter.work_one(), Waiting)
+    adapter, journal, _ = toy
+    await _ends_waiting(adapter, 'job-7', 'C-3')
     fleet_core = set_dispatcher(None)  # a process that never imported the fleet core
     try:
         with pytest.raises(DurableError, match='no fleet is loaded here'):

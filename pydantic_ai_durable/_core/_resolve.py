@@ -17,16 +17,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import DurableError, EncryptionMismatch, ExecutionBusy, LeaseLost, ResolutionRefused
 from .._runtime import end_holding, new_holder, start_holding
-from ..journals import DEFERRED, SEALED, CallDecision, DeferredCall, Journal, deferred_calls, metadata_of, state_of
+from ..journals import (
+    DEFERRED,
+    SEALED,
+    CallDecision,
+    DeferredCall,
+    ExecutionInfo,
+    Journal,
+    deferred_calls,
+    metadata_of,
+    state_of,
+)
 from ._records import ENTRY_VERSION
 
-__all__ = ('Dispatcher', 'Resolution', 'deny_overdue', 'pending_calls', 'resolve_calls', 'set_dispatcher')
+__all__ = (
+    'Dispatcher',
+    'Resolution',
+    'deny_listed',
+    'deny_overdue',
+    'pending_calls',
+    'resolve_calls',
+    'set_dispatcher',
+)
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -261,9 +279,16 @@ async def deny_overdue(journal: Journal, *, now: float | None = None) -> list[Re
     Called by the sweep in every worker; an execution an attempt holds, or whose call was decided meanwhile,
     is left for the next pass. `now` (epoch seconds) is for tests that move the clock.
     """
+    return await deny_listed(journal, await journal.list_executions(state='waiting'), now=now)
+
+
+async def deny_listed(
+    journal: Journal, listed: Iterable[ExecutionInfo], *, now: float | None = None
+) -> list[Resolution]:
+    """`deny_overdue` over executions already listed: the sweep lists once for its deadlines and its sends."""
     moment = time.time() if now is None else now
     resolved: list[Resolution] = []
-    for info in await journal.list_executions(state='waiting'):
+    for info in listed:
         overdue = {
             call.call_id: CallDecision(
                 kind='denied',

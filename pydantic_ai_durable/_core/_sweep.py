@@ -25,7 +25,7 @@ from .._errors import LeaseLost
 from .._runtime import end_holding, new_holder, start_holding
 from ..journals import ExecutionInfo, Journal, deferred_calls
 from ._records import ENTRY_VERSION
-from ._resolve import deny_overdue
+from ._resolve import deny_listed
 
 __all__ = ('DISPATCHED', 'sweep_interrupted')
 
@@ -69,17 +69,20 @@ async def sweep_interrupted(
         claim_ttl = min(idle / 3, _CLAIM_MAX)
     if not isinstance(claim_ttl, (int, float)) or isinstance(claim_ttl, bool) or not claim_ttl > 0:
         raise ValueError(f'claim_ttl must be a positive number of seconds, not {claim_ttl!r}.')
+    listed = await journal.list_executions(state=('interrupted', 'waiting'))
     # WT-5: calls pending past their deadline are denied, whatever else the sweep does; an execution whose last
     # call that decided is ready now, as after a resolve that sends it (WT-4).
-    decided = {resolution.key for resolution in await deny_overdue(journal) if resolution.completed}
+    waiting = [info for info in listed if info.state == 'waiting']
+    decided = {resolution.key for resolution in await deny_listed(journal, waiting) if resolution.completed}
     now = time.time()
     candidates = [
         info
-        for info in await journal.list_executions(state=('interrupted', 'waiting'))
-        if (info.state == 'interrupted' or _ready(info))
-        and (now - info.updated >= idle or info.key in decided)
-        and (select is None or select(info))
+        for info in listed
+        if (info.state == 'interrupted' and now - info.updated >= idle)
+        or (info.key in decided or (_ready(info) and now - info.updated >= idle))
     ]
+    if select is not None:
+        candidates = [info for info in candidates if select(info)]
     dispatched: list[str] = []
     for info in candidates:
         if limit is not None and len(dispatched) >= limit:
