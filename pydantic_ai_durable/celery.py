@@ -104,9 +104,11 @@ def durable_task(
     plain function that calls `run_sync`. `ExecutionBusy` retries when the holder's lease would end,
     `JournalUnavailable` retries with backoff, and `LeaseLost` is never retried. `.apply()`, an eager app
     and a direct call run durably too, under their task id (a fresh one for a direct call), waiting at most
-    `lease_ttl` for a busy execution. Every worker of the app checks its settings and pool when it starts
-    and sweeps for executions left interrupted for `resume_after` seconds (default: `lease_ttl`) to send
-    them again. Other keyword arguments go to `app.task`.
+    `lease_ttl` for a busy execution. A delivery whose run ends waiting for a decision ends in the state
+    `WAITING`, its info the fleet's `Waiting`, with no result (an `.apply()` or a direct call returns the
+    `Waiting`), and is sent again once decided (WT-4). Every worker of the app checks its settings and pool
+    when it starts and sweeps for executions left interrupted for `resume_after` seconds (default:
+    `lease_ttl`), or decided that long ago, to send them again. Other keyword arguments go to `app.task`.
     """
     check_timing(lease_ttl, resume_after)
     durable = _fleet(app)
@@ -150,7 +152,10 @@ def durable_task(
                 return outcome
             # WT-4: the delivery ends, acknowledged and never retried, and the task id keeps no result yet, so
             # its continuation stores the output under it (a backend never overwrites a success).
-            self.update_state(state=WAITING, meta=dict(outcome))
+            try:
+                self.update_state(state=WAITING, meta=dict(outcome))
+            except Exception as exc:  # the state only informs: the execution record keeps what it waits on
+                log.warning('Execution %r waits; its state could not be stored (%r).', delivery.key, exc)
             raise Ignore()
 
         task_options = {'acks_late': True, 'reject_on_worker_lost': True, 'max_retries': None, **options}
@@ -393,8 +398,8 @@ async def _restore_unstarted(app: Celery, fleet: Fleet) -> list[str]:
     so the sweep cannot see it, and Redis would hand the message out again only after its visibility
     timeout. With prefetch 1 and late acks a live worker starts what it takes at once, so a message taken
     `resume_after` seconds ago (not held for a countdown) with no execution, or whose execution finished
-    or ended waiting but was never acknowledged, belonged to a dead worker. Should the worker be alive after all, the
-    second delivery is fenced by the lease and replays (FL-3).
+    or ended waiting but was never acknowledged, belonged to a dead worker. Should the worker be alive after
+    all, the second delivery is fenced by the lease and replays (FL-3).
     """
     restored: list[str] = []
     with app.connection_for_write() as connection:

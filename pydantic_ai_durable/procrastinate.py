@@ -120,10 +120,12 @@ def durable_job(
     `engine`, `task`, `id`, arguments and `queue`. The body may be `async def` (it runs on the worker's
     loop) or a plain function that calls `run_sync` (Procrastinate runs it in a thread); with
     `pass_context=True` it gets the `JobContext` first, as with `app.task`. `retry=` applies to the body's
-    own errors only (`DurableRetry`). Each worker that runs an async durable job (or the recovery task)
-    sweeps on its event loop every `resume_after / 3` seconds or so (default: `lease_ttl`), beside its
-    jobs: it retries, at `PRIORITY`, the jobs of workers that stopped heart-beating for `resume_after`
-    seconds and the executions left interrupted that long (`recover_stalled_jobs`). The first durable
+    own errors only (`DurableRetry`). A job whose run ends waiting for a decision succeeds with the fleet's
+    `Waiting` as its result, and is put back in the queue once decided (WT-4). Each worker that runs an
+    async durable job (or the recovery task) sweeps on its event loop every `resume_after / 3` seconds or
+    so (default: `lease_ttl`), beside its jobs: it retries, at `PRIORITY`, the jobs of workers that stopped
+    heart-beating for `resume_after` seconds and the executions left interrupted that long, or decided
+    that long ago (`recover_stalled_jobs`). The first durable
     job of an app also adds `RECOVERY_TASK`, a periodic task at `PRIORITY` that does the same and starts
     the sweep of a worker that runs only plain-function jobs. Keep `resume_after` above three heartbeats of
     the worker (`update_heartbeat_interval`, 10 s unless set), or live workers' jobs are retried, and then wait.
