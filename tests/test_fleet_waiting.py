@@ -141,7 +141,9 @@ def _register_here(engine: str, app: Any, journal_setting: str) -> None:
     if engine == 'celery':
         from pydantic_ai_durable.celery import durable_task
 
-        durable_task(app, journal=journal, lease_ttl=RESUME_AFTER, name='fleet.approve')(_runs_on_a_worker)
+        durable_task(app, journal=journal, lease_ttl=RESUME_AFTER, name='fleet.approve', shared=False)(
+            _runs_on_a_worker
+        )
     else:
         from pydantic_ai_durable.procrastinate import durable_job
 
@@ -229,9 +231,10 @@ def test_wt4_a_task_that_waits_frees_its_worker_and_goes_on_once_decided_by_a_re
     assert queue.effects.count('wait-a', what='model', n=2) == 1
     assert queue.effects.count('wait-a', what='body') == 2  # one delivery each: the wait, the continuation
 
-    # Still pending: no sweep sends it, however many rounds pass (one a second, `resume_after` 2 s).
+    # Still pending: no sweep sends it, however many rounds pass (one a second, `resume_after` 2 s): by now it
+    # has waited past `resume_after` and two rounds more.
     idle = time.time() - queue.listed()[second].updated
-    time.sleep(max(0.0, 3 * RESUME_AFTER - idle))
+    time.sleep(max(0.0, RESUME_AFTER + 2.0 - idle))
     assert queue.effects.count('wait-b', what='body') == 1
     assert 'it was dispatched to go on' not in worker.tail(400)
 
