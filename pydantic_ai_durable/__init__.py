@@ -22,6 +22,7 @@ from ._core import (
     import_execution,
     pending_calls,
     retry_delay,
+    set_dispatcher,
     sweep_interrupted,
 )
 from ._errors import (
@@ -125,6 +126,7 @@ __all__ = (
     'register_secret',
     'resolve',
     'retry_delay',
+    'set_dispatcher',
     'sweep_interrupted',
 )
 

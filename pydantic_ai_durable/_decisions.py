@@ -36,6 +36,7 @@ async def resolve(
     results: Mapping[str, Any] | None = None,
     by: str | None = None,
     wait: float = 10.0,
+    dispatch: bool = False,
 ) -> Resolution:
     """Decide calls execution `key` waits on, by tool call id; the next attempt goes on with them (WT-2, WT-3).
 
@@ -50,6 +51,12 @@ async def resolve(
     same way again is accepted; anything else that cannot be recorded raises `ResolutionRefused`, and
     `ExecutionBusy` when an attempt still holds the execution after `wait` seconds. The returned `Resolution`
     says what is still pending, and `completed` when this call decided the last one.
+
+    `dispatch=True` then sends the execution on to a worker, from the delivery its metadata recorded, through
+    the fleet of this process that registered its task (import the module that defines the durable task
+    first); it sends nothing while calls are still pending (WT-4). The decisions are recorded before the
+    send: should the send fail, `DurableError` says so, the decisions stand, and the workers' sweep sends
+    the execution once its `resume_after` has passed.
     """
     now = time.time()
     decisions: dict[str, CallDecision] = {}
@@ -67,7 +74,7 @@ async def resolve(
         calls = {call.call_id: call for call in await pending_calls(journal, key, decided=True)}
         for call_id in asked_users:
             decisions[call_id] = _answer(key, calls.get(call_id), call_id, (results or {})[call_id], now, by)
-    return await resolve_calls(journal, key, decisions, wait=wait)
+    return await resolve_calls(journal, key, decisions, wait=wait, dispatch=dispatch)
 
 
 def _approval(call_id: str, approval: object, now: float, by: str | None) -> CallDecision:

@@ -88,6 +88,12 @@ class Execution:
         """1 for a first attempt, counting every attempt that opened the execution's journal."""
         return self._attempt.number
 
+    @property
+    def waiting_on(self) -> tuple[str, ...]:
+        """The tool call ids this attempt's runs left waiting for a decision; once the scope ended without an
+        error, non-empty exactly when the execution ended `waiting` (WT-1, WT-4)."""
+        return self._attempt.waiting_on
+
     def __repr__(self) -> str:
         return f'Execution({self.key!r}, attempt={self.attempt}, {self.stats.summary()})'
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from . import DurableError, Journal
-from .fleet import Delivery, Fleet, SweepThread, check_timing, execution_key, fleet_of, retry_after
+from .fleet import Delivery, Fleet, SweepThread, Waiting, check_timing, execution_key, fleet_of, retry_after
 
 try:
     import kombu
@@ -46,7 +46,7 @@ except ImportError as exc:  # pragma: no cover - only without the extra
         f"pip install 'pydantic-ai-durable-journal[celery]' ({exc})."
     ) from exc
 
-__all__ = ('ENGINE', 'POOLS', 'check_settings', 'durable_task', 'execution_key', 'sweep')
+__all__ = ('ENGINE', 'POOLS', 'WAITING', 'check_settings', 'durable_task', 'execution_key', 'sweep')
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -56,6 +56,10 @@ ENGINE = 'celery'
 
 POOLS = ('prefork', 'threads', 'solo')
 """The worker pools durable tasks run on; green pools (gevent, eventlet) are refused (FL-10)."""
+
+WAITING = 'WAITING'
+"""The Celery state of a durable task whose execution waits for a decision; its `info` is the fleet's `Waiting`
+(WT-4). Not a ready state: `AsyncResult.get()` returns the output once the task has gone on to it."""
 
 _REDIS_TRANSPORTS = ('redis', 'rediss', 'sentinel')
 _VISIBILITY_TRANSPORTS = (*_REDIS_TRANSPORTS, 'sqs')
@@ -100,9 +104,11 @@ def durable_task(
     plain function that calls `run_sync`. `ExecutionBusy` retries when the holder's lease would end,
     `JournalUnavailable` retries with backoff, and `LeaseLost` is never retried. `.apply()`, an eager app
     and a direct call run durably too, under their task id (a fresh one for a direct call), waiting at most
-    `lease_ttl` for a busy execution. Every worker of the app checks its settings and pool when it starts
-    and sweeps for executions left interrupted for `resume_after` seconds (default: `lease_ttl`) to send
-    them again. Other keyword arguments go to `app.task`.
+    `lease_ttl` for a busy execution. A delivery whose run ends waiting for a decision ends in the state
+    `WAITING`, its info the fleet's `Waiting`, with no result (an `.apply()` or a direct call returns the
+    `Waiting`), and is sent again once decided (WT-4). Every worker of the app checks its settings and pool
+    when it starts and sweeps for executions left interrupted for `resume_after` seconds (default:
+    `lease_ttl`), or decided that long ago, to send them again. Other keyword arguments go to `app.task`.
     """
     check_timing(lease_ttl, resume_after)
     durable = _fleet(app)
@@ -129,8 +135,9 @@ def durable_task(
             try:
                 if is_async:
                     call = durable.run(delivery, lambda: function(*args, **kwargs), wait=wait)
-                    return _worker_loop().run_until_complete(call)
-                return durable.run_sync(delivery, lambda: function(*args, **kwargs), wait=wait)
+                    outcome = _worker_loop().run_until_complete(call)
+                else:
+                    outcome = durable.run_sync(delivery, lambda: function(*args, **kwargs), wait=wait)
             except DurableError as error:
                 ttl = durable.task(name).lease_ttl
                 retry = None if wait else retry_after(error, attempt=request.retries or 0, lease_ttl=ttl)
@@ -141,6 +148,15 @@ def durable_task(
                     raise Ignore() from None
                 retry.log(delivery.key)
                 raise self.retry(countdown=retry.delay, exc=None if retry.busy else error) from None
+            if wait or not isinstance(outcome, Waiting):
+                return outcome
+            # WT-4: the delivery ends, acknowledged and never retried, and the task id keeps no result yet, so
+            # its continuation stores the output under it (a backend never overwrites a success).
+            try:
+                self.update_state(state=WAITING, meta=dict(outcome))
+            except Exception as exc:  # the state only informs: the execution record keeps what it waits on
+                log.warning('Execution %r waits; its state could not be stored (%r).', delivery.key, exc)
+            raise Ignore()
 
         task_options = {'acks_late': True, 'reject_on_worker_lost': True, 'max_retries': None, **options}
         task = cast(Task, app.task(bind=True, **task_options)(run))
@@ -382,8 +398,8 @@ async def _restore_unstarted(app: Celery, fleet: Fleet) -> list[str]:
     so the sweep cannot see it, and Redis would hand the message out again only after its visibility
     timeout. With prefetch 1 and late acks a live worker starts what it takes at once, so a message taken
     `resume_after` seconds ago (not held for a countdown) with no execution, or whose execution finished
-    but was never acknowledged, belonged to a dead worker. Should the worker be alive after all, the
-    second delivery is fenced by the lease and replays (FL-3).
+    or ended waiting but was never acknowledged, belonged to a dead worker. Should the worker be alive after
+    all, the second delivery is fenced by the lease and replays (FL-3).
     """
     restored: list[str] = []
     with app.connection_for_write() as connection:
@@ -398,7 +414,7 @@ async def _restore_unstarted(app: Celery, fleet: Fleet) -> list[str]:
             if eta and _epoch(eta) > now - spec.resume_after:
                 continue  # a countdown a live worker holds until it is due
             record = await spec.journal.read_execution(execution_key(spec.name, task_id))
-            if record is None or record.get('status') == 'finished':
+            if record is None or record.get('status') in ('finished', 'waiting'):
                 unacked.put_back(taken.tag)
                 log.info('Task %s[%s] was taken by a worker that died before it ran; it was put back.', name, task_id)
                 restored.append(execution_key(spec.name, task_id))

@@ -12,8 +12,9 @@ Procrastinate keeps its queue in PostgreSQL, so it can share the `PostgresJourna
 queue needs is the fleet core's (`pydantic_ai_durable.fleet`): the key of each execution is the task's
 name and the job's id, which a retry keeps (FL-1), and busy, lost and failing journals become retries
 (FL-2). This adapter holds what is Procrastinate's: its retry strategy, how a job is sent again (retried
-at the highest priority), the jobs of workers that stopped heart-beating (FL-6), and where the sweep runs:
-on each worker's event loop beside its jobs, never behind them in the queue (FL-11).
+at the highest priority; a job whose execution ended waiting succeeded, and is put back in the queue once
+it is decided, WT-4), the jobs of workers that stopped heart-beating (FL-6), and where the sweep runs: on
+each worker's event loop beside its jobs, never behind them in the queue (FL-11).
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, LiteralString
 
 from . import DurableError, Journal, MetadataMismatch
 from .fleet import Delivery, Fleet, check_timing, execution_key, fleet_of, retry_after, sweep_on_this_loop
 
 try:
     from procrastinate import App, JobContext, RetryDecision
-    from procrastinate.exceptions import ConnectorException
+    from procrastinate.exceptions import AppNotOpen, ConnectorException
     from procrastinate.jobs import DEFAULT_QUEUE, Job
     from procrastinate.retry import BaseRetryStrategy, get_retry_strategy
     from procrastinate.tasks import Task
@@ -93,7 +94,11 @@ def _now() -> datetime.datetime:
 def _fleet(app: App) -> Fleet:
     def start() -> Fleet:
         async def send(delivery: Delivery) -> None:
-            await _retry(app, int(delivery.id))
+            try:
+                await _send_again(app, delivery)
+            except AppNotOpen:  # a web handler or the CLI that resolves with dispatch=True, outside a worker
+                async with app.open_async():
+                    await _send_again(app, delivery)
 
         fleet = Fleet(ENGINE, send, recover=lambda: _retry_stalled(app, fleet))
         return fleet
@@ -115,10 +120,12 @@ def durable_job(
     `engine`, `task`, `id`, arguments and `queue`. The body may be `async def` (it runs on the worker's
     loop) or a plain function that calls `run_sync` (Procrastinate runs it in a thread); with
     `pass_context=True` it gets the `JobContext` first, as with `app.task`. `retry=` applies to the body's
-    own errors only (`DurableRetry`). Each worker that runs an async durable job (or the recovery task)
-    sweeps on its event loop every `resume_after / 3` seconds or so (default: `lease_ttl`), beside its
-    jobs: it retries, at `PRIORITY`, the jobs of workers that stopped heart-beating for `resume_after`
-    seconds and the executions left interrupted that long (`recover_stalled_jobs`). The first durable
+    own errors only (`DurableRetry`). A job whose run ends waiting for a decision succeeds with the fleet's
+    `Waiting` as its result, and is put back in the queue once decided (WT-4). Each worker that runs an
+    async durable job (or the recovery task) sweeps on its event loop every `resume_after / 3` seconds or
+    so (default: `lease_ttl`), beside its jobs: it retries, at `PRIORITY`, the jobs of workers that stopped
+    heart-beating for `resume_after` seconds and the executions left interrupted that long, or decided
+    that long ago (`recover_stalled_jobs`). The first durable
     job of an app also adds `RECOVERY_TASK`, a periodic task at `PRIORITY` that does the same and starts
     the sweep of a worker that runs only plain-function jobs. Keep `resume_after` above three heartbeats of
     the worker (`update_heartbeat_interval`, 10 s unless set), or live workers' jobs are retried, and then wait.
@@ -219,6 +226,35 @@ async def _retry(app: App, job_id: int) -> bool:
             raise  # the database failed, not the race: the caller logs it and a later round tries again
         return False  # it moved on between the two statements: another recovery retried it, or it ended
     return True
+
+
+_PUT_BACK: LiteralString = (
+    "UPDATE procrastinate_jobs SET status = 'todo', scheduled_at = now(), priority = %(priority)s "
+    "WHERE id = %(job_id)s AND status = 'succeeded' RETURNING id"
+)
+"""A job that succeeded back to `todo`, at `PRIORITY`: Procrastinate retries only jobs `doing` or `failed`."""
+
+
+async def _send_again(app: App, delivery: Delivery) -> None:
+    """Run the delivery's job again under its id: retried if still `doing`, put back if it ended (WT-4).
+
+    A job whose execution ended waiting succeeded: once its calls are decided it goes back to `todo`, in one
+    statement that only a succeeded job passes, so two senders put it back once. A job still `todo` is
+    already on its way. One no longer in the table was deleted when it ended (a worker run with
+    `delete_jobs`), and cannot be sent again.
+    """
+    job_id = int(delivery.id)
+    if await _retry(app, job_id):
+        return
+    if await app.connector.execute_query_all_async(_PUT_BACK, job_id=job_id, priority=PRIORITY):
+        log.info('Job %s of task %r was put back in its queue to go on.', job_id, delivery.task)
+        return
+    if not list(await app.job_manager.list_jobs_async(id=job_id)):
+        raise DurableError(
+            f'Execution {delivery.key!r}: its Procrastinate job {job_id} is no longer in the queue, so it cannot be '
+            "sent again: a worker run with delete_jobs='successful' or 'always' deletes the job of an execution that "
+            "ended waiting. Run the workers of durable jobs with delete_jobs='never' (the default)."
+        )
 
 
 async def _doing(app: App, job_id: int) -> bool:

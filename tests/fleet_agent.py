@@ -1,4 +1,5 @@
-"""The agent every fleet test runs: three side-effecting tool calls, each logged, each one a place to kill.
+"""The agents the fleet tests run: three side-effecting tool calls, each logged, each one a place to kill;
+and one whose payment needs a person's approval, so its run ends waiting (WT-4).
 
 Workers of both engines import it. Every model request and tool body appends a JSON line to the effects
 log (`FLEET_EFFECTS`): `start` when it begins, `end` when its side effect is done, with the worker's pid.
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic_ai import Agent, FunctionToolset
+from pydantic_ai import Agent, DeferredToolRequests, FunctionToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -65,7 +66,7 @@ def journal_from_setting(setting: str) -> Journal:
 
 def note(event: dict[str, Any]) -> None:
     """Append one line to the effects log; one `write` of a short line with O_APPEND is atomic."""
-    line = json.dumps({**event, 'pid': os.getpid(), 'at': time.time()}) + '\n'
+    line = json.dumps({**event, 'pid': os.getpid(), 'at': time.time()}, default=repr) + '\n'
     fd = os.open(os.environ['FLEET_EFFECTS'], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -125,3 +126,35 @@ def make_agent(journal: Journal | None = None, *, durable: bool = True) -> Agent
         toolsets=[FunctionToolset([work], id='effects')],
         capabilities=[Durable(journal=journal)] if durable else [],
     )
+
+
+async def _approval_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    prompt = _prompt(messages)
+    returned = [part for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
+    note({'prompt': prompt, 'what': 'model', 'n': len(returned) + 1, 'phase': 'start'})
+    if not returned:
+        return ModelResponse(parts=[ToolCallPart('pay', {'prompt': prompt}, tool_call_id='pay-1')])
+    return ModelResponse(parts=[TextPart(f'{prompt}: {returned[-1].content}')])
+
+
+async def pay(prompt: str) -> str:
+    """The side effect a person approves: logged at its start and its end."""
+    note({'prompt': prompt, 'what': 'tool', 'n': 1, 'phase': 'start'})
+    note({'prompt': prompt, 'what': 'tool', 'n': 1, 'phase': 'end'})
+    return 'paid'
+
+
+def approval_output(prompt: str) -> str:
+    return f'{prompt}: paid'
+
+
+def make_approval_agent() -> Agent[None, str | DeferredToolRequests]:
+    """One model request asks to pay, which needs approval: the run ends waiting, and goes on once approved."""
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(_approval_model, model_name='fleet-approval'),
+        name='fleet-approval',
+        output_type=[str, DeferredToolRequests],  # type: ignore[arg-type]
+        capabilities=[Durable()],
+    )
+    agent.tool_plain(requires_approval=True)(pay)
+    return agent

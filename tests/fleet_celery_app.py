@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
-from fleet_agent import held, hold, journal_from_environment, make_agent, note
+from fleet_agent import held, hold, journal_from_environment, make_agent, make_approval_agent, note
 
 from pydantic_ai_durable.celery import durable_task
 
@@ -48,6 +48,16 @@ def research_sync(prompt: str) -> str:
     return agent.run_sync(prompt).output
 
 
+approval_agent = make_approval_agent()
+
+
+@durable_task(app, journal=journal, lease_ttl=lease_ttl, resume_after=resume_after, name='fleet.approve')
+async def approve(prompt: str) -> Any:
+    """Ends waiting for the payment's approval; returns pydantic-ai's output as it is (WT-4)."""
+    note({'prompt': prompt, 'what': 'body', 'phase': 'start'})
+    return (await approval_agent.run(prompt)).output
+
+
 bare = make_agent(durable=False)
 _loop = asyncio.new_event_loop()
 
@@ -65,7 +75,7 @@ def _after_the_body(
     task: Any = None, args: Any = None, state: str | None = None, retval: Any = None, **kwargs: Any
 ) -> None:
     """After a task's body returned and before its message is acknowledged: a place to kill."""
-    if task is None or not task.name.startswith('fleet.research') or not args or state != 'SUCCESS':
+    if task is None or not task.name.startswith(('fleet.research', 'fleet.approve')) or not args or state != 'SUCCESS':
         return
     prompt = str(args[0])
     note({'prompt': prompt, 'what': 'finished', 'phase': 'start', 'output': retval})

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import procrastinate
-from fleet_agent import hold, journal_from_environment, make_agent, note
+from fleet_agent import hold, journal_from_environment, make_agent, make_approval_agent, note
 
 from pydantic_ai_durable.procrastinate import durable_job
 
@@ -37,6 +37,16 @@ def research_sync(prompt: str) -> str:
     return agent.run_sync(prompt).output
 
 
+approval_agent = make_approval_agent()
+
+
+@durable_job(app, journal=journal, lease_ttl=lease_ttl, resume_after=resume_after, name='fleet.approve')
+async def approve(prompt: str) -> Any:
+    """Ends waiting for the payment's approval; returns pydantic-ai's output as it is (WT-4)."""
+    note({'prompt': prompt, 'what': 'body', 'phase': 'start'})
+    return (await approval_agent.run(prompt)).output
+
+
 bare = make_agent(durable=False)
 
 
@@ -52,7 +62,7 @@ async def _after_the_body(call_next: Callable[[], Awaitable[Any]], context: Any,
     """After a job's body returned and before its status is stored: a place to kill."""
     result = await call_next()
     job = context.job
-    if job.task_name.startswith('fleet.research'):
+    if job.task_name.startswith(('fleet.research', 'fleet.approve')):
         prompt = str(job.task_kwargs.get('prompt'))
         note({'prompt': prompt, 'what': 'finished', 'phase': 'start', 'output': result})
         await hold(prompt, 'after-finish')

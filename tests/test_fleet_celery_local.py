@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from fleet import Effects
-from fleet_agent import TOOLS, expected_output, make_agent, note
+from fleet_agent import TOOLS, approval_output, expected_output, make_agent, make_approval_agent, note
 
 from pydantic_ai_durable import DiskJournal, ExecutionBusy, execution
 
@@ -49,6 +49,15 @@ class App:
             return (await agent.run(prompt)).output
 
         self.research: Any = research
+        payer = make_approval_agent()
+
+        @durable_task(
+            self.celery, journal=DiskJournal(self.path), lease_ttl=LEASE_TTL, name='eager.approve', shared=False
+        )
+        async def approve(prompt: str) -> object:
+            return (await payer.run(prompt)).output
+
+        self.approve: Any = approve
 
     def states(self) -> dict[str, str]:
         async def read() -> dict[str, str]:
@@ -138,6 +147,23 @@ def test_fl9_task_always_eager_runs_durably_under_the_task_id(eager_app: App) ->
     result = eager_app.research.delay('eager')
     assert result.get() == expected_output('eager')
     assert eager_app.states() == {f'eager.research:{result.id}': 'finished'}
+
+
+def test_wt4_fl9_apply_of_a_task_that_ends_waiting_returns_the_waiting_object_and_goes_on_once_approved(
+    app: App,
+) -> None:
+    from pydantic_ai_durable import resolve
+    from pydantic_ai_durable.fleet import Waiting
+
+    waiting = app.approve.apply(args=['pay'], task_id='pay-1').get()  # nothing retries it: no WAITING state
+    assert isinstance(waiting, Waiting) and waiting == {
+        'state': 'waiting',
+        'key': 'eager.approve:pay-1',
+        'pending': ['pay-1'],
+    }
+    asyncio.run(resolve(DiskJournal(app.path), 'eager.approve:pay-1', approvals={'pay-1': True}))
+    assert app.approve.apply(args=['pay'], task_id='pay-1').get() == approval_output('pay')
+    assert app.effects.ends()[('pay', 1)] == 1
 
 
 # -- a direct call of the task function is an execution of its own ---------------------------------

@@ -9,6 +9,7 @@ the queue's retries with `retry_after`; the sweep run beside the worker. A real 
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent
+from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -30,8 +31,11 @@ from pydantic_ai_durable import (
     LeaseLost,
     MetadataMismatch,
     execution,
+    pending_calls,
+    resolve,
+    set_dispatcher,
 )
-from pydantic_ai_durable.fleet import Delivery, Fleet, fleet_of, redispatch, retry_after
+from pydantic_ai_durable.fleet import Delivery, Fleet, Waiting, fleet_of, redispatch, retry_after
 from pydantic_ai_durable.testing import SimulatedCrash, crash_at
 
 pytestmark = pytest.mark.fleet
@@ -124,6 +128,31 @@ def research_agent(effects: Counter[str]) -> Agent[None, str]:
     return Agent(FunctionModel(model), name='toy', tools=[work], capabilities=[Durable()])
 
 
+def approval_agent(effects: Counter[str]) -> Agent[None, str | DeferredToolRequests]:
+    """Asks to pay twice in one response; each payment needs a person's approval."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        effects['model'] += 1
+        returned = [part for message in messages for part in message.parts if isinstance(part, ToolReturnPart)]
+        if not returned:
+            return ModelResponse(parts=[ToolCallPart('pay', {'n': n}, tool_call_id=f'pay-{n}') for n in (1, 2)])
+        return ModelResponse(parts=[TextPart(', '.join(sorted(str(part.content) for part in returned)))])
+
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(model),
+        name='payer',
+        output_type=[str, DeferredToolRequests],  # type: ignore[arg-type]
+        capabilities=[Durable()],
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def pay(n: int) -> str:
+        effects[f'pay-{n}'] += 1
+        return f'paid {n}'
+
+    return agent
+
+
 @pytest.fixture
 def toy(tmp_path: Path) -> tuple[ToyAdapter, DiskJournal, Counter[str]]:
     journal = DiskJournal(tmp_path / 'journal')
@@ -134,6 +163,12 @@ def toy(tmp_path: Path) -> tuple[ToyAdapter, DiskJournal, Counter[str]]:
     @adapter.task(journal=journal, resume_after=RESUME_AFTER)
     async def research(prompt: str) -> str:
         return (await agent.run(prompt)).output
+
+    payer = approval_agent(effects)
+
+    @adapter.task(journal=journal, resume_after=RESUME_AFTER)
+    async def pay_out(order: str) -> object:  # ends waiting for a person (WT-4)
+        return (await payer.run(f'pay out {order}')).output
 
     return adapter, journal, effects
 
@@ -236,3 +271,69 @@ def test_e3_errors_cross_a_process_boundary_whole() -> None:
     for error in (busy, lost, mismatch):
         again = pickle.loads(pickle.dumps(error))
         assert type(again) is type(error) and str(again) == str(error) and vars(again) == vars(error)
+
+
+# -- tasks that wait for a person (WT-4) ---------------------------------------------------------------
+
+
+async def _ends_waiting(adapter: ToyAdapter, job: str, order: str) -> Waiting:
+    """Deliver `pay_out` as job `job`: its run ends waiting on both payments, and so does the delivery."""
+    adapter.delay('pay_out', job, order)
+    waiting = await adapter.work_one()
+    assert isinstance(waiting, Waiting) and (waiting.key, waiting.pending) == (f'pay_out:{job}', ['pay-1', 'pay-2'])
+    assert adapter.queue.messages == []  # nothing retries it
+    return waiting
+
+
+async def test_wt4_a_delivery_that_ends_waiting_returns_json_that_says_so_and_the_sweep_sends_it_once_decided(
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]],
+) -> None:
+    adapter, journal, effects = toy
+    waiting = await _ends_waiting(adapter, 'job-5', 'A-1')
+    assert json.loads(json.dumps(waiting)) == {
+        'state': 'waiting',
+        'key': 'pay_out:job-5',
+        'pending': ['pay-1', 'pay-2'],
+    }
+    await asyncio.sleep(RESUME_AFTER)
+    assert await adapter.fleet.sweep() == []  # waiting on two calls: never sent
+    await resolve(journal, 'pay_out:job-5', approvals={'pay-1': True, 'pay-2': False}, by='alice')
+    assert await adapter.fleet.sweep() == []  # decided just now
+    await asyncio.sleep(RESUME_AFTER)
+    assert await adapter.fleet.sweep() == ['pay_out:job-5']  # its resolver never sent it: the sweep does, once
+    assert await adapter.fleet.sweep() == []
+    assert await adapter.work_one() == 'The tool call was denied., paid 1'
+    assert effects == {'model': 2, 'pay-1': 1}  # the first request replayed, the denied payment never made
+    assert adapter.queue.messages == []
+
+
+async def test_wt4_resolve_with_dispatch_sends_the_task_only_when_it_decides_the_last_pending_call(
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]],
+) -> None:
+    adapter, journal, effects = toy
+    await _ends_waiting(adapter, 'job-6', 'B-2')
+    first = await resolve(journal, 'pay_out:job-6', approvals={'pay-1': True}, dispatch=True)
+    assert (first.completed, first.dispatched, first.pending) == (False, False, ('pay-2',))
+    assert adapter.queue.messages == []  # a call still waits: nothing is sent
+    last = await resolve(journal, 'pay_out:job-6', approvals={'pay-2': True}, dispatch=True)
+    assert (last.completed, last.dispatched) == (True, True)
+    assert [(m.task, m.id, m.args) for m in adapter.queue.messages] == [('pay_out', 'job-6', ['B-2'])]
+    again = await resolve(journal, 'pay_out:job-6', approvals={'pay-2': True}, dispatch=True)  # a retried request
+    assert (again.unchanged, again.dispatched, len(adapter.queue.messages)) == (('pay-2',), False, 1)
+    assert await adapter.work_one() == 'paid 1, paid 2'
+    assert effects == {'model': 2, 'pay-1': 1, 'pay-2': 1}
+
+
+async def test_wt4_dispatch_with_no_fleet_loaded_is_refused_before_a_decision_is_written(
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]],
+) -> None:
+    adapter, journal, _ = toy
+    await _ends_waiting(adapter, 'job-7', 'C-3')
+    fleet_core = set_dispatcher(None)  # a process that never imported the fleet core
+    try:
+        with pytest.raises(DurableError, match='no fleet is loaded here'):
+            await resolve(journal, 'pay_out:job-7', approvals={'pay-1': True, 'pay-2': True}, dispatch=True)
+    finally:
+        set_dispatcher(fleet_core)
+    assert fleet_core is redispatch  # importing the fleet core made it the dispatcher
+    assert [call.call_id for call in await pending_calls(journal, 'pay_out:job-7')] == ['pay-1', 'pay-2']

@@ -1,4 +1,5 @@
-"""The recovery sweep (FL-3): interrupted executions go back to the queue, each once per interruption.
+"""The recovery sweep (FL-3): interrupted executions go back to the queue, each once per interruption, and
+waiting ones once their calls are decided (WT-4).
 
 Every test counts dispatches on each backend; executions are interrupted the way a killed worker leaves
 them (an attempt that never reached its end, its lease free), and sweeps race in threads of their own.
@@ -10,11 +11,14 @@ import asyncio
 import threading
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic_ai import DeferredToolRequests
+from waiting_agent import KEY, attempt
 
-from pydantic_ai_durable import ExecutionInfo, Journal, execution, sweep_interrupted
+from pydantic_ai_durable import ExecutionInfo, Journal, execution, resolve, sweep_interrupted
 from pydantic_ai_durable._core import SimulatedCrash
 
 IDLE = 0.3
@@ -198,3 +202,29 @@ async def test_fl3_the_sweep_takes_only_interrupted_executions_never_a_record_of
     queue = _Queue()
     assert await sweep_interrupted(journal, queue, idle=IDLE) == []
     assert queue.sent == {}
+
+
+async def test_wt4_a_waiting_execution_is_sent_once_idle_has_passed_since_its_last_decision_and_never_before(
+    new_journal: Callable[[], Journal], tmp_path: Path
+) -> None:
+    """Ready to go on once every call is decided: sent like an interrupted one, once per `idle`; never while a
+    call is pending, however long it has waited."""
+    journal, log, queue = new_journal(), tmp_path / 'log', _Queue()
+    assert isinstance(await attempt(journal, log, 'three'), DeferredToolRequests)  # c2, c3 and c4 pending
+    await asyncio.sleep(IDLE)
+    assert await sweep_interrupted(journal, queue, idle=IDLE) == []
+    await resolve(journal, KEY, approvals={'c2': True, 'c3': False})
+    await asyncio.sleep(IDLE)
+    assert await sweep_interrupted(journal, queue, idle=IDLE) == []  # c4 still waits for its outside result
+    await resolve(journal, KEY, results={'c4': 'delivered'})
+    assert await sweep_interrupted(journal, queue, idle=IDLE) == []  # decided just now: its resolver may send it
+    await asyncio.sleep(IDLE)
+    assert await sweep_interrupted(journal, queue, idle=IDLE) == [KEY]
+    assert await sweep_interrupted(new_journal(), queue, idle=IDLE) == []  # once per idle, whoever sweeps
+    await asyncio.sleep(IDLE)
+    assert await sweep_interrupted(journal, queue, idle=IDLE) == [KEY]  # not started since: sent again
+    assert queue.sent == {KEY: 2} and queue.metadata[KEY] is None
+    assert isinstance(await attempt(journal, log, 'three'), str)  # the attempt it was sent for goes on
+    await asyncio.sleep(IDLE)
+    assert await sweep_interrupted(journal, queue, idle=IDLE) == []
+    assert [info.state for info in await journal.list_executions()] == ['finished']

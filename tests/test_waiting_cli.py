@@ -19,7 +19,8 @@ from pydantic_ai import DeferredToolResults
 from pydantic_ai.tools import ToolDenied
 from waiting_agent import PROMPT, build, lines, plain_two_runs
 
-from pydantic_ai_durable import DiskJournal, Encryption, Journal, PostgresJournal, execution
+from pydantic_ai_durable import DiskJournal, Encryption, Journal, PostgresJournal, execution, pending_calls
+from pydantic_ai_durable.fleet import Fleet, Waiting
 
 KEY = 'order-7'
 
@@ -80,6 +81,7 @@ async def test_wt2_the_cli_decides_calls_from_another_process(
         'unchanged': [],
         'pending': ['c4'],
         'completed': False,
+        'dispatched': False,
     }
     again = cli(*options, 'approve', KEY, 'c2')
     assert again.returncode == 0 and 'already approved' in again.stdout
@@ -121,3 +123,39 @@ async def test_wt2_an_encrypted_journal_is_decided_only_with_its_keys(tmp_path: 
     assert cli(*options, 'approve', KEY, 'c2', env=env).returncode == 0
     shown = cli(*options, 'show', KEY, env=env)
     assert 'waiting on 2 calls' in shown.stdout and 'c2 (refund): approved' in shown.stdout
+
+
+async def test_wt4_approve_with_dispatch_imports_the_apps_tasks_and_sends_the_task_on_through_their_fleet(
+    tmp_path: Path,
+) -> None:
+    journal, sent = DiskJournal(tmp_path / 'journal'), tmp_path / 'sent'
+    fleet = Fleet('cli-toy', lambda delivery: None)  # the worker's side: the same engine and task
+    fleet.add('pay_out', journal=journal)
+    agent = build(journal, tmp_path / 'log')
+    delivery = fleet.delivery('pay_out', 'job-1', ['A-1'])
+    assert isinstance(await fleet.run(delivery, lambda: agent.run(PROMPT)), Waiting)
+    await journal.close()
+    options = ['--journal', str(tmp_path / 'journal')]
+    env = {'CLI_DISPATCH_SENT': str(sent), 'CLI_DISPATCH_JOURNAL': str(tmp_path / 'journal')}
+    tests = str(Path(__file__).parent)
+
+    def approve(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, '-m', 'pydantic_ai_durable', *options, 'approve', 'pay_out:job-1', 'c2', *extra],
+            capture_output=True,
+            text=True,
+            cwd=tests,  # where the app's module is found, as with `celery -A`
+            env={**os.environ, **env},
+            timeout=120,
+        )
+
+    missing = approve('--dispatch', 'no_such_tasks')
+    assert missing.returncode == 1 and "--dispatch: cannot import 'no_such_tasks'" in missing.stderr
+    no_fleet = approve('--dispatch', 'json')  # imports, but defines no durable task: nothing is written
+    assert no_fleet.returncode == 1 and 'no fleet is loaded here' in no_fleet.stderr, no_fleet.stderr
+    assert [call.call_id for call in await pending_calls(journal, 'pay_out:job-1')] == ['c2']
+    done = approve('--dispatch', 'cli_dispatch_tasks', '--json')
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)['completed'] is json.loads(done.stdout)['dispatched'] is True
+    assert [json.loads(line) for line in lines(sent)] == [['pay_out', 'job-1', ['A-1']]]
+    await journal.close()

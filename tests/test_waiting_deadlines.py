@@ -86,7 +86,7 @@ async def test_wt5_a_deadline_that_is_not_a_positive_number_is_refused(
     assert 'wait_timeout in the metadata of the tool' in caplog.text
 
 
-async def test_wt5_the_sweep_denies_overdue_calls_before_anything_else(
+async def test_wt5_wt4_the_sweep_denies_overdue_calls_first_and_sends_the_execution_they_leave_ready(
     new_journal: Callable[[], Journal], tmp_path: Path
 ) -> None:
     log = tmp_path / 'log'
@@ -94,8 +94,10 @@ async def test_wt5_the_sweep_denies_overdue_calls_before_anything_else(
     assert isinstance(output, DeferredToolRequests)
     await asyncio.sleep(0.05)
     sent: list[str] = []
+    # The deadline decided its last call: it is ready, and sent at once, not `idle` seconds later (WT-4).
+    assert await sweep_interrupted(new_journal(), lambda info: sent.append(info.key), idle=3600) == [KEY]
     assert await sweep_interrupted(new_journal(), lambda info: sent.append(info.key), idle=3600) == []
-    assert sent == []  # denied, not dispatched: it was never interrupted
+    assert sent == [KEY]
     (call,) = await pending_calls(new_journal(), KEY, decided=True)
     assert call.decision is not None and call.decision.via == 'deadline'
     output = await attempt(new_journal(), log, wait_timeout=0.01)

@@ -3,13 +3,15 @@
     APPROVAL_DATA=/tmp/approval python examples/approval/app.py      # and a worker beside it
     curl -X POST localhost:8000/orders -d '{"order": "A-1", "amount": 25}'
     curl localhost:8000/approvals
-    curl -X POST localhost:8000/approvals/refund-A-1/CALL_ID -d '{"approve": true, "by": "alice"}'
-    curl localhost:8000/orders/refund-A-1
+    curl -X POST localhost:8000/approvals/refund:A-1/CALL_ID -d '{"approve": true, "by": "alice"}'
+    curl localhost:8000/orders/refund:A-1
 
-`POST /orders` enqueues a refund for the worker, whose run ends waiting for a person's approval.
-`GET /approvals` lists every call a waiting execution waits on, read from the journal alone.
-`POST /approvals/{key}/{call_id}` records the decision with `resolve`; the one request that decides the
-last pending call enqueues the job again, and the worker goes on. `GET /orders/{key}` says where it is.
+`POST /orders` sends the durable task `refund` to the worker, whose run ends waiting for a person's
+approval. `GET /approvals` lists every call a waiting execution waits on, read from the journal alone.
+`POST /approvals/{key}/{call_id}` records the decision with `resolve(..., dispatch=True)`: the one request
+that decides the last pending call sends the task on through the fleet this module imported with the
+task, and the worker goes on (should this process die before it sends, the worker's sweep sends it).
+`GET /orders/{key}` says where it is.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from jobs import enqueue, journal, result
+from jobs import app as queue
+from jobs import journal, result
 from pydantic_ai.tools import ToolDenied
+from refunds import TASK
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -42,7 +46,8 @@ def _call(key: str, call: DeferredCall) -> dict[str, Any]:
 
 async def create_order(request: Request) -> JSONResponse:
     body = await request.json()
-    key = enqueue(str(body['order']), int(body['amount']))
+    order = str(body['order'])
+    key = queue.delay(TASK, order, order, int(body['amount']))  # the order is the task's id: one refund each
     return JSONResponse({'key': key}, status_code=202)
 
 
@@ -64,16 +69,13 @@ async def decide(request: Request) -> JSONResponse:
     key, call_id = request.path_params['key'], request.path_params['call_id']
     body = await request.json()
     decision: bool | ToolDenied = True if body.get('approve') else ToolDenied(body.get('message') or 'Refused.')
-    try:
-        resolution = await resolve(store, key, approvals={call_id: decision}, by=body.get('by'))
+    try:  # dispatch: the request that decides the last pending call sends the task on to a worker
+        resolution = await resolve(store, key, approvals={call_id: decision}, by=body.get('by'), dispatch=True)
     except ResolutionRefused as refused:
         return JSONResponse({'error': str(refused)}, status_code=409)
     except ExecutionBusy as busy:
         return JSONResponse({'error': str(busy)}, status_code=503)
-    if resolution.completed:  # this request decided the last pending call: the worker goes on
-        metadata = resolution.metadata or {}
-        enqueue(str(metadata['order']), int(metadata['amount']))
-    return JSONResponse({'pending': list(resolution.pending), 'completed': resolution.completed})
+    return JSONResponse({'pending': list(resolution.pending), 'dispatched': resolution.dispatched})
 
 
 app = Starlette(

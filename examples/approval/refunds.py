@@ -1,10 +1,10 @@
-"""The agent of the approval example: it refunds an order, and every refund needs a person's approval.
+"""The agent of the approval example, and its durable task: a refund, and every refund needs a person's approval.
 
 A function model stands in for the LLM, so the example runs offline: it asks for the refund the prompt
 names, then answers with what the refund tool returned (or that it was denied). The refund appends a
 line to `effects.txt` in `APPROVAL_DATA`, the side effect that must happen once; the model notes when it
 starts its answer and takes a second to give it (a slow LLM), the moment the example's test kills the
-worker in.
+worker in. The web app and the worker both import this module: it defines the task, so both know it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+from jobs import app
 from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -58,3 +59,13 @@ def refund(order: str, amount: int) -> str:
     """Pay the customer back: the side effect a person must approve."""
     note(f'refunded {order}')
     return f'refunded {amount} EUR'
+
+
+TASK = 'refund'
+"""The durable task's name: the execution of order `A-1` is `refund:A-1`."""
+
+
+@app.task(TASK, resume_after=1.0)
+async def refund_order(order: str, amount: int) -> str | DeferredToolRequests:
+    """The task a worker runs: the same code the first time, after a worker died, and once decided."""
+    return (await agent.run(prompt_for(order, amount))).output

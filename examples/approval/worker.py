@@ -2,11 +2,12 @@
 
     APPROVAL_DATA=/tmp/approval python examples/approval/worker.py
 
-Every job runs the same code, `execution(key)` around `agent.run(prompt)`: the first time the run ends
-waiting for the refund's approval (the execution is `waiting`, the job is done, nothing is held); once the
-web app recorded the decision and enqueued the job again, the run replays and goes on. Between jobs the
-worker runs `sweep_interrupted`: an execution whose worker was killed is enqueued again (its refund is not
-paid twice: it replays), and a refund left undecided past its deadline is denied.
+Every job runs the same code, the durable task `refund` around `agent.run(prompt)`: the first time the run
+ends waiting for the refund's approval, and the job ends with it (`Fleet.run` returns a `Waiting`: nothing
+is held while a person decides). Once the web app recorded the decision, it sends the job again
+(`dispatch=True`), and the run replays and goes on. Beside its jobs, on the same event loop, the worker
+sweeps: an execution whose worker was killed is sent again (its refund is not paid twice: it replays),
+as is a decided one that nobody sent, and a refund left undecided past its deadline is denied.
 """
 
 from __future__ import annotations
@@ -14,43 +15,29 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from jobs import claim, enqueue, journal, save_result
-from refunds import agent, prompt_for
+from jobs import app, save_result
+from refunds import refund_order
 
-from pydantic_ai_durable import ExecutionBusy, ExecutionInfo, execution, sweep_interrupted
+from pydantic_ai_durable.fleet import Waiting, sweep_on_this_loop
 
 log = logging.getLogger('approval.worker')
 
 
-async def run(job: dict[str, object]) -> None:
-    key, order, amount = str(job['key']), str(job['order']), int(job['amount'])  # type: ignore[call-overload]
-    try:
-        async with execution(key, journal=journal(), metadata={'order': order, 'amount': amount}):
-            result = await agent.run(prompt_for(order, amount))
-    except ExecutionBusy:
-        return  # another worker runs it right now
-    if isinstance(result.output, str):
-        save_result(key, result.output)
-        log.info('%s finished: %s', key, result.output)
-    else:
-        log.info('%s waits for a decision', key)
-
-
-def dispatch(info: ExecutionInfo) -> None:
-    metadata = info.metadata or {}
-    enqueue(str(metadata['order']), int(metadata['amount']))
-
-
 async def main() -> None:
     logging.basicConfig(level=logging.INFO, format='%(process)d %(name)s: %(message)s')
-    store = journal()
+    log.info('worker ready for %s', refund_order.__name__)
+    sweep_on_this_loop(app.fleet)  # every `resume_after / 3` seconds, beside the jobs, never as one of them
     while True:
-        await sweep_interrupted(store, dispatch, idle=1.0)
-        job = claim()
-        if job is None:
+        delivery = app.claim()
+        if delivery is None:
             await asyncio.sleep(0.2)
             continue
-        await run(job)
+        outcome = await app.run(delivery)
+        if isinstance(outcome, Waiting):
+            log.info('%s waits for a decision on %s', outcome.key, ', '.join(outcome.pending))
+        elif isinstance(outcome, str):
+            save_result(delivery.key, outcome)
+            log.info('%s finished: %s', delivery.key, outcome)
 
 
 if __name__ == '__main__':

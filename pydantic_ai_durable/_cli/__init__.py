@@ -77,6 +77,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
                 message=getattr(options, 'message', None),
                 result=getattr(options, 'result', None),
                 by=options.by,
+                dispatch=options.dispatch,
                 as_json=options.json,
             )
         if options.command == 'delete':

@@ -179,6 +179,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         sub[name].add_argument('key', metavar='KEY', help='the execution key')
         sub[name].add_argument('call_id', metavar='CALL_ID', help='the tool call id, as show lists it')
         sub[name].add_argument('--by', metavar='NAME', default=None, help='who decides (default: your user name)')
+        sub[name].add_argument(
+            '--dispatch',
+            metavar='MODULE',
+            default=None,
+            help="import MODULE, which defines the app's durable tasks, and send the task on through it once its "
+            "last call is decided (without it, the workers' sweep sends it after resume_after)",
+        )
     sub['deny'].add_argument('--message', metavar='TEXT', default=None, help='what the model is told')
     sub['complete'].add_argument('--result', metavar='JSON', required=True, help="the tool's result, as JSON")
     states = {

@@ -3,18 +3,23 @@
 An operator decides a call with the key and the call id alone, from any shell that reaches the journal;
 the decision goes through the journal core's `resolve_calls`, fenced under a lease like every write, so
 the CLI and a web handler decide the same way. `show` lists the calls an execution waits on and the
-audit trail of those decided: who, when, and how.
+audit trail of those decided: who, when, and how. The CLI knows no job queue: `--dispatch MODULE` imports
+the app's module of durable tasks, whose fleet then sends the task on; without it the workers' sweep does,
+once `resume_after` has passed (WT-4).
 """
 
 from __future__ import annotations
 
 import getpass
+import importlib
 import json
+import os
+import sys
 import time
 from typing import Any
 
 from .._core import Resolution, resolve_calls
-from .._errors import ExecutionBusy, ResolutionRefused
+from .._errors import DurableError, ExecutionBusy, ResolutionRefused
 from ..journals import KEYS_VARIABLE, SEALED, CallDecision, DeferredCall, deferred_calls
 from ._render import cell, local, plural, print_json, print_lines, quote, table
 from ._target import EXIT_OK, EXIT_USAGE, Failure, Target, run_on
@@ -54,15 +59,18 @@ def decide_command(
     message: str | None,
     result: str | None,
     by: str | None,
+    dispatch: str | None = None,
     as_json: bool,
 ) -> int:
-    """`approve`, `deny` or `complete` one call of a waiting execution (WT-2)."""
+    """`approve`, `deny` or `complete` one call of a waiting execution (WT-2); with `dispatch`, send it on (WT-4)."""
     decision = _decision(command, message, result, by if by is not None else default_resolver())
+    if dispatch is not None:
+        _import_tasks(dispatch)
 
     async def decide(journal: Any) -> Resolution:
         try:
-            return await resolve_calls(journal, key, {call_id: decision})
-        except (ResolutionRefused, ExecutionBusy) as exc:
+            return await resolve_calls(journal, key, {call_id: decision}, dispatch=dispatch is not None)
+        except (ResolutionRefused, ExecutionBusy, DurableError) as exc:
             raise Failure(' '.join(str(exc).split())) from None
 
     resolution = run_on(target, decide)
@@ -75,10 +83,22 @@ def decide_command(
         f'still waiting on {plural(len(resolution.pending), "call")}: '
         + ', '.join(cell(c, 40) for c in resolution.pending)
         if resolution.pending
+        else 'nothing is pending: it was sent on to a worker'
+        if resolution.dispatched
         else 'nothing is pending: its next attempt goes on with the decisions'
     )
     print_lines([f'{done} call {cell(call_id, 60)} of execution {quote(key)}; {left}'])
     return EXIT_OK
+
+
+def _import_tasks(module: str) -> None:
+    """Import the app's module of durable tasks, as `celery -A` does: its fleet becomes this process's dispatcher."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        raise Failure(f'--dispatch: cannot import {module!r} ({type(exc).__name__}: {exc})') from None
 
 
 def calls_lines(record: dict[str, Any] | None) -> list[str]:

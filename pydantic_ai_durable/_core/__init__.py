@@ -20,7 +20,7 @@ from ._fences import RunMeta
 from ._import import ImportReport, write_snapshot
 from ._records import ENTRY_VERSION, Kind, latest_spend, missing_links, parse_entry, run_order
 from ._rekey import RekeyReport, rekey
-from ._resolve import Resolution, call_json, deny_overdue, describe, pending_calls, resolve_calls
+from ._resolve import Resolution, call_json, deny_overdue, describe, pending_calls, resolve_calls, set_dispatcher
 from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata, check_same_work
 from ._retry import retry_delay
 from ._run import DivergenceMode, Run, check_divergence_mode
@@ -79,6 +79,7 @@ __all__ = (
     'resolve_calls',
     'retry_delay',
     'run_order',
+    'set_dispatcher',
     'snapshot_from_document',
     'still_waiting',
     'sweep_interrupted',

@@ -27,7 +27,7 @@ from .._runtime import (
     retention_seconds,
     start_holding,
 )
-from ..journals import Journal
+from ..journals import Journal, deferred_calls
 from ._attempt_view import StoreHold
 from ._history import ended, started
 from ._lease import LeaseKeeper, store_identity
@@ -134,6 +134,13 @@ class Attempt:
         self._top_runs = 0
         self._nested: Counter[tuple[str, int]] = Counter()
         self.runs: list[Run] = []
+
+    @property
+    def waiting_on(self) -> tuple[str, ...]:
+        """The ids of the calls this attempt's runs left undecided: once it ended, what its execution waits on."""
+        return tuple(
+            call.call_id for state in self._states.values() for call in deferred_calls(state.record, pending_only=True)
+        )
 
     def journal_for(self, preferred: Journal | None) -> Journal:
         """The execution's journal, else the capability's, else the default disk journal (I-2, I-4)."""

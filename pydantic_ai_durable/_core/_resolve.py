@@ -6,6 +6,10 @@ any write (B-9), and a resolver never writes while an attempt runs: it waits for
 starts while calls are pending ends waiting again at once), and a later attempt applies it. The checks and
 the write happen under that lease, so two resolvers of one call are serialised: the first decision stands,
 the same decision again is accepted, a different one is refused.
+
+The resolver that decides the last pending call may send the execution on to a worker (`dispatch=True`,
+WT-4) through this process's dispatcher: the fleet core installs its `redispatch` when it is imported
+(`set_dispatcher`), since the journal core knows no job queue.
 """
 
 from __future__ import annotations
@@ -14,16 +18,36 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .._errors import EncryptionMismatch, ExecutionBusy, LeaseLost, ResolutionRefused
+from .._errors import DurableError, EncryptionMismatch, ExecutionBusy, LeaseLost, ResolutionRefused
 from .._runtime import end_holding, new_holder, start_holding
-from ..journals import DEFERRED, SEALED, CallDecision, DeferredCall, Journal, deferred_calls, metadata_of, state_of
+from ..journals import (
+    DEFERRED,
+    SEALED,
+    CallDecision,
+    DeferredCall,
+    ExecutionInfo,
+    Journal,
+    deferred_calls,
+    metadata_of,
+    state_of,
+)
 from ._records import ENTRY_VERSION
 
-__all__ = ('Resolution', 'call_json', 'deny_overdue', 'describe', 'pending_calls', 'resolve_calls')
+__all__ = (
+    'Dispatcher',
+    'Resolution',
+    'call_json',
+    'deny_listed',
+    'deny_overdue',
+    'describe',
+    'pending_calls',
+    'resolve_calls',
+    'set_dispatcher',
+)
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -34,6 +58,22 @@ _POLL_MAX = 0.5
 
 _ALLOWED = {'approval': ('approved', 'denied'), 'external': ('result', 'denied')}
 """What each kind of call may be decided as: an outside result can be refused (the tool failed), not approved."""
+
+Dispatcher = Callable[[Journal, str], Awaitable[None]]
+"""How this process sends execution `key` of `journal` on to a worker: the fleet core's `redispatch`."""
+
+_DISPATCHER: list[Dispatcher] = []
+
+
+def set_dispatcher(dispatcher: Dispatcher | None) -> Dispatcher | None:
+    """Make `dispatcher` what `resolve(..., dispatch=True)` sends a ready execution with; return the one before.
+
+    `pydantic_ai_durable.fleet` sets its `redispatch` when it is imported, so an app whose tasks are durable
+    tasks of Celery, Procrastinate or another adapter over the fleet core needs nothing more; `None` unsets it.
+    """
+    before = _DISPATCHER[0] if _DISPATCHER else None
+    _DISPATCHER[:] = [] if dispatcher is None else [dispatcher]
+    return before
 
 
 @dataclass(frozen=True)
@@ -53,6 +93,8 @@ class Resolution:
     """The call ids the execution still waits on."""
     metadata: dict[str, Any] | None = None
     """The execution's metadata (`execution(key, metadata=...)`): what a worker needs to start it again."""
+    dispatched: bool = False
+    """Whether this resolution sent the execution on to a worker (`dispatch=True`, and `completed`, WT-4)."""
 
     @property
     def ready(self) -> bool:
@@ -72,6 +114,7 @@ class Resolution:
             'unchanged': list(self.unchanged),
             'pending': list(self.pending),
             'completed': self.completed,
+            'dispatched': self.dispatched,
         }
 
 
@@ -103,16 +146,47 @@ def _check_open(key: str, record: dict[str, Any] | None) -> None:
 
 
 async def resolve_calls(
-    journal: Journal, key: str, decisions: Mapping[str, CallDecision], *, wait: float = 10.0
+    journal: Journal, key: str, decisions: Mapping[str, CallDecision], *, wait: float = 10.0, dispatch: bool = False
 ) -> Resolution:
     """Record `decisions` (by tool call id) for the calls execution `key` waits on, all of them or none (WT-2).
 
     Waits up to `wait` seconds for an attempt that holds the execution to end, then raises `ExecutionBusy`.
     Raises `ResolutionRefused` when the execution is not waiting, a call id is not one it waits on, a call is
     decided differently already, or a decision does not fit the call's kind. Nothing is written then.
+
+    With `dispatch=True`, the resolution that decides the last pending call (`completed`) then sends the
+    execution on to a worker through this process's dispatcher (WT-4); a `DurableError` before anything is
+    written when there is none. A send that fails raises `DurableError` after the decisions are recorded:
+    they stand, and the fleet's sweep sends the execution once its `resume_after` has passed.
     """
     if not decisions:
         raise ValueError('resolve() needs at least one decision: approvals={call_id: ...} or results={call_id: ...}.')
+    dispatcher = _dispatcher(key) if dispatch else None
+    resolution = await _resolve(journal, key, decisions, wait)
+    if dispatcher is None or not resolution.completed:
+        return resolution
+    try:
+        await dispatcher(journal, key)
+    except Exception as exc:
+        raise DurableError(
+            f'Execution {key!r}: the decisions are recorded, but sending it on to a worker failed '
+            f"({type(exc).__name__}: {exc}). They stand: the workers' sweep sends it once resume_after has passed."
+        ) from exc
+    log.info('Execution %r: its last pending call was decided; it was sent on to a worker.', key)
+    return replace(resolution, dispatched=True)
+
+
+def _dispatcher(key: str) -> Dispatcher:
+    if not _DISPATCHER:
+        raise DurableError(
+            f'Execution {key!r}: dispatch=True sends the execution on through the fleet of this process, and no '
+            'fleet is loaded here. Import the module that defines its durable task (its Celery or Procrastinate '
+            "app) first, or leave dispatch off: the workers' sweep sends it once resume_after has passed."
+        )
+    return _DISPATCHER[0]
+
+
+async def _resolve(journal: Journal, key: str, decisions: Mapping[str, CallDecision], wait: float) -> Resolution:
     holder = new_holder()
     start_holding(holder)
     try:
@@ -245,9 +319,16 @@ async def deny_overdue(journal: Journal, *, now: float | None = None) -> list[Re
     Called by the sweep in every worker; an execution an attempt holds, or whose call was decided meanwhile,
     is left for the next pass. `now` (epoch seconds) is for tests that move the clock.
     """
+    return await deny_listed(journal, await journal.list_executions(state='waiting'), now=now)
+
+
+async def deny_listed(
+    journal: Journal, listed: Iterable[ExecutionInfo], *, now: float | None = None
+) -> list[Resolution]:
+    """`deny_overdue` over executions already listed: the sweep lists once for its deadlines and its sends."""
     moment = time.time() if now is None else now
     resolved: list[Resolution] = []
-    for info in await journal.list_executions(state='waiting'):
+    for info in listed:
         overdue = {
             call.call_id: CallDecision(
                 kind='denied',

@@ -7,6 +7,11 @@ released, and only then given to `dispatch`, which enqueues it again from its me
 the mark make concurrent sweeps (one per worker) dispatch each execution once; a dispatch that is lost
 after the mark is retried once `idle` has passed again. The claim lasts no longer than the sweep's own
 period, so a sweeping process that dies holding it delays that execution by one period at most (FL-8).
+
+An execution that waits and whose every call is decided is ready to go on: `resolve(..., dispatch=True)`
+sends it at once, and the sweep sends it the same way as an interrupted one, once `idle` has passed since
+the decision, so a resolver that died before its send leaves nothing stuck (WT-4). One that still waits
+on a call is never sent.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ from typing import Any
 
 from .._errors import LeaseLost
 from .._runtime import end_holding, new_holder, start_holding
-from ..journals import ExecutionInfo, Journal
+from ..journals import ExecutionInfo, Journal, deferred_calls
 from ._records import ENTRY_VERSION
-from ._resolve import deny_overdue
+from ._resolve import deny_listed
 
 __all__ = ('DISPATCHED', 'sweep_interrupted')
 
@@ -45,7 +50,9 @@ async def sweep_interrupted(
     """Dispatch again every execution interrupted for `idle` seconds that `select` accepts; return their keys.
 
     An execution is dispatched when no attempt wrote to it for `idle` seconds and no sweep dispatched it in
-    the last `idle` seconds (or since, an attempt started). `dispatch` gets the execution as
+    the last `idle` seconds (or since, an attempt started). So is a waiting execution whose every call is
+    decided, `idle` seconds after the last decision (at once when this sweep's deadlines decided it), and
+    never one that still waits on a call (WT-4). `dispatch` gets the execution as
     `list_executions` shows it (its key and `metadata`) and must enqueue a task that enters
     `execution(key)` again; a dispatch that raises is logged and retried by a later sweep
     once `idle` has passed. An execution that a live attempt holds, that ended meanwhile, or that another
@@ -62,13 +69,20 @@ async def sweep_interrupted(
         claim_ttl = min(idle / 3, _CLAIM_MAX)
     if not isinstance(claim_ttl, (int, float)) or isinstance(claim_ttl, bool) or not claim_ttl > 0:
         raise ValueError(f'claim_ttl must be a positive number of seconds, not {claim_ttl!r}.')
-    await deny_overdue(journal)  # WT-5: calls pending past their deadline are denied, whatever else the sweep does
+    listed = await journal.list_executions(state=('interrupted', 'waiting'))
+    # WT-5: calls pending past their deadline are denied, whatever else the sweep does; an execution whose last
+    # call that decided is ready now, as after a resolve that sends it (WT-4).
+    waiting = [info for info in listed if info.state == 'waiting']
+    decided = {resolution.key for resolution in await deny_listed(journal, waiting) if resolution.completed}
     now = time.time()
     candidates = [
         info
-        for info in await journal.list_executions(state='interrupted')
-        if now - info.updated >= idle and (select is None or select(info))
+        for info in listed
+        if (info.state == 'interrupted' and now - info.updated >= idle)
+        or (info.key in decided or (_ready(info) and now - info.updated >= idle))
     ]
+    if select is not None:
+        candidates = [info for info in candidates if select(info)]
     dispatched: list[str] = []
     for info in candidates:
         if limit is not None and len(dispatched) >= limit:
@@ -88,9 +102,17 @@ async def sweep_interrupted(
                 idle,
             )
             continue
-        log.info('Execution %r was interrupted; it was dispatched again.', info.key)
+        if info.state == 'waiting':
+            log.info('Execution %r: every call it waited on is decided; it was dispatched to go on.', info.key)
+        else:
+            log.info('Execution %r was interrupted; it was dispatched again.', info.key)
         dispatched.append(info.key)
     return dispatched
+
+
+def _ready(info: ExecutionInfo) -> bool:
+    """A waiting execution whose calls are all decided, read from a record this process can read (WT-4)."""
+    return info.state == 'waiting' and not info.pending and info.problem is None
 
 
 async def _claim(journal: Journal, key: str, idle: float, ttl: float) -> bool:
@@ -117,9 +139,15 @@ async def _claim(journal: Journal, key: str, idle: float, ttl: float) -> bool:
 
 
 def _due(record: dict[str, Any] | None, idle: float) -> bool:
-    """Whether the record is of an attempt that never ended, and no sweep dispatched it within `idle` seconds."""
-    if not isinstance(record, dict) or record.get('v') != ENTRY_VERSION or record.get('status') != 'running':
-        return False  # finished or failed meanwhile, deleted, or of a format this release does not write
+    """Whether the record is of an attempt that never ended, or that ended waiting on calls now all decided,
+    and no sweep dispatched it within `idle` seconds."""
+    if not isinstance(record, dict) or record.get('v') != ENTRY_VERSION:
+        return False  # deleted, or of a format this release does not write
+    status = record.get('status')
+    calls = deferred_calls(record) if status == 'waiting' else []
+    ready = bool(calls) and not any(call.pending for call in calls)
+    if status != 'running' and not ready:
+        return False  # finished or failed meanwhile, or still waiting on a call
     mark = record.get(DISPATCHED)
     if not isinstance(mark, dict) or mark.get('attempt') != record.get('attempts'):
         return True  # never dispatched, or dispatched for an earlier attempt, which has since run

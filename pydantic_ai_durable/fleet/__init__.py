@@ -5,14 +5,19 @@ Dramatiq, arq or RQ) holds only what is its queue's. Per app it makes one `Fleet
 to send a task again from its `Delivery`; it registers each durable task (`Fleet.add`), runs each
 delivery in its execution (`Fleet.run`, `Fleet.run_sync`), turns the journal errors those raise into its
 queue's retries (`retry_after`), and sweeps in every worker (`SweepThread`, or `sweep_on_this_loop` on a
-worker's event loop). `redispatch` sends one execution's task again from what it recorded.
-docs/fleet.md walks through an adapter.
+worker's event loop). `redispatch` sends one execution's task again from what it recorded; importing this
+package makes it what `resolve(..., dispatch=True)` sends a decided execution with (WT-4). A delivery
+whose execution ends waiting returns a `Waiting`. docs/fleet.md walks through an adapter.
 """
 
+from .. import set_dispatcher
 from ._delivery import Delivery, execution_key
 from ._fleet import DurableTask, Fleet, Recover, Send, check_timing, fleet_of, redispatch
 from ._retry import Retry, retry_after
 from ._sweeping import SweepThread, sweep_on_this_loop
+from ._waiting import Waiting
+
+set_dispatcher(redispatch)
 
 __all__ = (
     'Delivery',
@@ -22,6 +27,7 @@ __all__ = (
     'Retry',
     'Send',
     'SweepThread',
+    'Waiting',
     'check_timing',
     'execution_key',
     'fleet_of',

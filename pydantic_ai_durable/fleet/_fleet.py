@@ -3,9 +3,9 @@
 An adapter makes one `Fleet` per app (`fleet_of`), giving it the one thing only the adapter knows: how to
 send a task again from its recorded `Delivery`, plus, if its broker needs it, a recovery of its own that
 each sweep round runs (FL-7). Everything else is here once: the settings of each task, the execution every
-delivery runs in (`run`, `run_sync`), the wait of a delivery that has no queue to retry it (FL-9), the
-sweep over the executions left interrupted (FL-3, FL-8), and `redispatch`, which sends one execution's
-task again from its metadata.
+delivery runs in (`run`, `run_sync`) and what it returns when the execution ends waiting (WT-4), the wait
+of a delivery that has no queue to retry it (FL-9), the sweep over the executions left interrupted or
+decided (FL-3, FL-8, WT-4), and `redispatch`, which sends one execution's task again from its metadata.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import DurableError, ExecutionBusy, ExecutionInfo, Journal, sweep_interrupted
 from ._delivery import FIXED_FIELDS, Delivery
+from ._waiting import Waiting
 
 if TYPE_CHECKING:
-    from .. import execution
+    from .. import Execution, execution
 
 __all__ = ('DurableTask', 'Fleet', 'Recover', 'Send', 'check_timing', 'fleet_of', 'redispatch')
 
@@ -116,35 +117,39 @@ class Fleet:
             fixed_metadata=FIXED_FIELDS,
         )
 
-    async def run(self, delivery: Delivery, body: Callable[[], Awaitable[_T]], *, wait: bool = False) -> _T:
-        """Run `body()` inside the delivery's execution; see `run_sync` for `wait`."""
+    async def run(self, delivery: Delivery, body: Callable[[], Awaitable[_T]], *, wait: bool = False) -> _T | Waiting:
+        """Run `body()` inside the delivery's execution; see `run_sync` for `wait` and for what it returns."""
         deadline = self._deadline(delivery, wait)
         async with contextlib.AsyncExitStack() as stack:
             while True:
                 try:
-                    await stack.enter_async_context(self._scope(delivery))
+                    handle = await stack.enter_async_context(self._scope(delivery))
                     break
                 except ExecutionBusy as busy:
                     await asyncio.sleep(_pause(busy, deadline))
-            return await body()
+            value = await body()
+        return _outcome(delivery, handle, value)
 
-    def run_sync(self, delivery: Delivery, body: Callable[[], _T], *, wait: bool = False) -> _T:
+    def run_sync(self, delivery: Delivery, body: Callable[[], _T], *, wait: bool = False) -> _T | Waiting:
         """Run `body()` inside the delivery's execution, in this thread (a plain body that calls `run_sync`).
 
-        A delivery the queue can retry raises the journal's errors for `retry_after` to judge. One it cannot
-        (`wait=True`: Celery's `.apply()`, an eager app, a direct call) waits for a busy execution's holder
-        at most one `lease_ttl`, long enough for a dead holder to be taken over, then raises
-        `ExecutionBusy` naming the holder (FL-9).
+        Returns what `body()` returned, unless the execution ended waiting for a decision: then a `Waiting`
+        (`{"state": "waiting", "key": ..., "pending": [call ids]}`), which any queue's JSON serializer takes,
+        in place of pydantic-ai's `DeferredToolRequests` (WT-4). A delivery the queue can retry raises the
+        journal's errors for `retry_after` to judge. One it cannot (`wait=True`: Celery's `.apply()`, an
+        eager app, a direct call) waits for a busy execution's holder at most one `lease_ttl`, long enough
+        for a dead holder to be taken over, then raises `ExecutionBusy` naming the holder (FL-9).
         """
         deadline = self._deadline(delivery, wait)
         with contextlib.ExitStack() as stack:
             while True:
                 try:
-                    stack.enter_context(self._scope(delivery))
+                    handle = stack.enter_context(self._scope(delivery))
                     break
                 except ExecutionBusy as busy:
                     time.sleep(_pause(busy, deadline))
-            return body()
+            value = body()
+        return _outcome(delivery, handle, value)
 
     def _deadline(self, delivery: Delivery, wait: bool) -> float | None:
         return time.monotonic() + self.task(delivery.task).lease_ttl if wait else None
@@ -163,7 +168,8 @@ class Fleet:
         return max(1.0, min((task.resume_after for task in self.tasks.values()), default=3.0) / 3)
 
     async def sweep(self) -> list[str]:
-        """One round: send again each execution of these tasks left interrupted, then the adapter's recovery.
+        """One round: send again each execution of these tasks left interrupted, or waiting with every call
+        decided (WT-4), then run the adapter's recovery.
 
         Executions are grouped by journal and `resume_after`; each is claimed for no longer than the
         sweep's period, so a sweeping process that dies holding a claim delays it by one period at most (FL-8).
@@ -191,6 +197,15 @@ class Fleet:
             return delivery is not None and delivery.engine == self.engine and delivery.task in names
 
         return select
+
+
+def _outcome(delivery: Delivery, handle: Execution, value: _T) -> _T | Waiting:
+    """What a delivery returns: the body's value, or `Waiting` when its execution ended waiting (WT-4)."""
+    pending = handle.waiting_on
+    if pending:
+        log.info('Execution %r waits on %s; its delivery ends, and a decision sends it on.', delivery.key, pending)
+        return Waiting(delivery.key, pending)
+    return value
 
 
 def _pause(busy: ExecutionBusy, deadline: float | None) -> float:
@@ -232,9 +247,10 @@ async def redispatch(journal: Journal, key: str, *, fleet: Fleet | None = None) 
     """Send the task of execution `key` again, from the metadata it recorded, through its fleet.
 
     The task comes back under its own id, with the arguments and to the queue recorded, and its execution
-    replays what was done. The sweep sends interrupted executions through it; call it for an execution
-    that can go on after a wait of its own. `fleet` defaults to the fleet of this process that registered
-    the task. Raises `DurableError` when the execution recorded no delivery, or no fleet knows its task.
+    replays what was done. The sweep sends interrupted and decided executions through it, and so does
+    `resolve(..., dispatch=True)` (the fleet core makes it the process's dispatcher when it is imported).
+    `fleet` defaults to the fleet of this process that registered the task. Raises `DurableError` when the
+    execution recorded no delivery, or no fleet knows its task.
     """
     record = await journal.read_execution(key)
     delivery = Delivery.from_metadata(key, record.get('metadata') if isinstance(record, dict) else None)
