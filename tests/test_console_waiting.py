@@ -165,7 +165,14 @@ def test_ui7_the_api_decides_idempotently_records_who_and_the_run_goes_on(
     client: TestClient, journal_path: Path, tmp_path: Path
 ) -> None:
     first = _decide(client, {'key': KEY, 'approvals': {'c2': True}, 'by': 'bob'})
-    assert first.json() == {'key': KEY, 'decided': ['c2'], 'unchanged': [], 'pending': ['c3', 'c4'], 'completed': False}
+    assert first.json() == {
+        'key': KEY,
+        'decided': ['c2'],
+        'unchanged': [],
+        'pending': ['c3', 'c4'],
+        'completed': False,
+        'dispatched': False,
+    }
     again = _decide(client, {'key': KEY, 'approvals': {'c2': True}})  # a retried request: accepted, nothing new
     assert again.status_code == 200 and again.json()['unchanged'] == ['c2'] and again.json()['decided'] == []
     other = _decide(client, {'key': KEY, 'approvals': {'c2': False}})

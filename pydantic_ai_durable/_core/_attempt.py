@@ -27,7 +27,7 @@ from .._runtime import (
     retention_seconds,
     start_holding,
 )
-from ..journals import Journal, deferred_calls
+from ..journals import Journal
 from ._attempt_view import StoreHold
 from ._history import ended, started
 from ._lease import LeaseKeeper, store_identity
@@ -36,7 +36,7 @@ from ._retention import FROM_JOURNAL, check_metadata, check_same_work
 from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Stats
 from ._step import SimulatedCrash, current_step
-from ._waiting import still_waiting
+from ._waiting import pending_ids, still_waiting
 
 __all__ = ('Attempt', 'CleanupMode')
 
@@ -138,9 +138,7 @@ class Attempt:
     @property
     def waiting_on(self) -> tuple[str, ...]:
         """The ids of the calls this attempt's runs left undecided: once it ended, what its execution waits on."""
-        return tuple(
-            call.call_id for state in self._states.values() for call in deferred_calls(state.record, pending_only=True)
-        )
+        return pending_ids(state.record for state in self._states.values())
 
     def journal_for(self, preferred: Journal | None) -> Journal:
         """The execution's journal, else the capability's, else the default disk journal (I-2, I-4)."""

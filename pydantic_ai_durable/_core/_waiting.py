@@ -17,7 +17,7 @@ from typing import Any
 
 from ..journals import DEFERRED, CallDecision, CallKind, decision_of, deferred_calls
 
-__all__ = ('Deferral', 'decisions_for', 'note_answered', 'note_deferred', 'still_waiting')
+__all__ = ('Deferral', 'decisions_for', 'note_answered', 'note_deferred', 'pending_ids', 'still_waiting')
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -144,3 +144,8 @@ def decisions_for(
 def still_waiting(record: dict[str, Any]) -> bool:
     """Whether a call noted in the record is still undecided and unanswered: the attempt then ends `waiting`."""
     return any(call.pending for call in deferred_calls(record))
+
+
+def pending_ids(records: Iterable[dict[str, Any]]) -> tuple[str, ...]:
+    """The ids of the calls still undecided in `records`: what an attempt that ended leaves its execution waiting on."""
+    return tuple(call.call_id for record in records for call in deferred_calls(record, pending_only=True))
