@@ -68,10 +68,12 @@ def test_perf4_every_benchmark_script_is_covered_here() -> None:
     assert scripts - {'argument_matching'} == set(CASES), 'add the new benchmark script to CASES'
 
 
-# The fleet scripts start Redis and real workers: they belong with the fleet tests (CI's job 2 leaves them out).
+# The fleet scripts start Redis and real workers: they belong with the fleet tests. The others run once in CI (its
+# first job): a script that rots does so whatever the pydantic-ai release, and they take 1.5 minutes together.
 FLEET_SCRIPTS = ('fleet', 'fleet_resume')
 
 
+@pytest.mark.once
 @pytest.mark.parametrize(
     'script', [pytest.param(name, marks=pytest.mark.fleet) if name in FLEET_SCRIPTS else name for name in sorted(CASES)]
 )

@@ -220,6 +220,7 @@ class _Worker:
 
 
 @POSIX
+@pytest.mark.once  # two minutes of killed processes at points of the package's own scope, whatever the pydantic-ai
 @pytest.mark.parametrize('backend', ['disk', 'postgres'])
 def test_fn1_sigkill_before_inside_and_after_the_scopes_end_repeats_no_side_effect(
     tmp_path: Path, backend: str
