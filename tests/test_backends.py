@@ -27,6 +27,8 @@ from pydantic_ai_durable._runtime import end_holding, new_holder, start_holding
 from pydantic_ai_durable.journals import DiskJournal, ExecutionInfo, Journal, Lease, LeaseRenewal, RunSnapshot
 from pydantic_ai_durable.journals._common import execution_id
 
+pytestmark = pytest.mark.once  # the backends' own contract, whatever the pydantic-ai release
+
 if TYPE_CHECKING:
     from conftest import BackendCase
 
