@@ -1,4 +1,4 @@
-"""`python -m pydantic_ai_durable`: the inspection CLI (CLI-1), also installed as `pydantic-ai-durable`.
+"""`python -m pydantic_ai_durable`: the inspection CLI, also installed as `pydantic-ai-durable`.
 
 Kept to a single call so that importing the package never runs the CLI; the program name in usage
 messages is the command the user typed.

@@ -60,8 +60,8 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
 
     A run that ends with `DeferredToolRequests` (a tool that needs approval or an outside result) leaves its
     execution `waiting` on those calls; `resolve` decides them from anywhere, and running the same code
-    again goes on from there with the decisions (WT-1..WT-3). `wait_timeout` (seconds) denies a call still
-    pending that long, when the sweep next runs (WT-5); a tool's or a deferral's metadata key
+    again goes on from there with the decisions. `wait_timeout` (seconds) denies a call still
+    pending that long, when the sweep next runs; a tool's or a deferral's metadata key
     `wait_timeout` sets it per call.
     """
 
@@ -72,7 +72,8 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         codec=PAYLOAD_CODEC,
         serialization_failure=not_journalable,
         sequential_tools_in_durable_context=False,
-        unsupported_runtime_toolset_kinds=frozenset({'function', 'mcp', 'dynamic'}),  # A-10
+        # refused when passed to one run: they would bypass the durable units registered at construction
+        unsupported_runtime_toolset_kinds=frozenset({'function', 'mcp', 'dynamic'}),
     )
 
     def __init__(
@@ -98,9 +99,9 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         self.journal = journal
         self.secrets = secrets if secrets is not None else SECRETS
         self.on_divergence: DivergenceMode | None = on_divergence
-        """What a run does at its first mismatch, unless the execution says otherwise (DV-2, DV-3)."""
+        """What a run does at its first mismatch, unless the execution says otherwise."""
         self.wait_timeout = timeout
-        """Seconds a deferred call may wait for a decision before the sweep denies it; `None`: for ever (WT-5)."""
+        """Seconds a deferred call may wait for a decision before the sweep denies it; `None`: for ever."""
         self._request_models: dict[tuple[int, str | None], Model] = {}
         self._backend: DurableBackend | None = None
         self._opted_out: frozenset[str] | None = None
@@ -109,7 +110,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         return f'Durable(journal={self.journal!r}, name={self.name!r})'
 
     def for_agent(self, agent: AbstractAgent[AgentDepsT, Any]) -> AbstractCapability[AgentDepsT]:
-        name_capability_toolsets(agent.toolsets)  # before pydantic-ai registers them by id (WT-6)
+        name_capability_toolsets(agent.toolsets)  # before pydantic-ai registers them by id
         return super().for_agent(agent)
 
     @property
@@ -152,7 +153,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
                 with traced_run(run, ctx.capabilities, lambda: spend.attempt):
                     result = await handler()
             except SimulatedCrash:
-                raise  # stands for a process death, which writes nothing (F-1)
+                raise  # stands for a process death, which writes nothing
             except BaseException as error:
                 try:
                     await run.fail(error, model_at_fault=isinstance(error, UnexpectedModelBehavior))
@@ -161,7 +162,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
                 raise
             finally:
                 ledger.settle()
-        waits = note_run_end(active, result, wait_timeout=self.wait_timeout)  # WT-1
+        waits = note_run_end(active, result, wait_timeout=self.wait_timeout)
         if attempt.cleanup == 'run' and not waits:
             await attempt.cleanup_run(run)
         return result
@@ -169,7 +170,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
     async def handle_deferred_tool_calls(
         self, ctx: RunContext[AgentDepsT], *, requests: DeferredToolRequests
     ) -> DeferredToolResults | None:
-        """The decisions `resolve` recorded for the calls the run waits on, once every one is decided (WT-3)."""
+        """The decisions `resolve` recorded for the calls the run waits on, once every one is decided."""
         active = active_run(self)
         if active is None:
             return None

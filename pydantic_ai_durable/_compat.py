@@ -3,9 +3,9 @@
 Everything else goes through pydantic-ai's public durable API. Resolving the model a request goes to has
 no public counterpart: `BaseDurabilityCapability._resolve_model_for_request` runs the agent's whole
 `resolve_model_id` chain, which the package must not copy, because a request fingerprinted against another
-model than the one that answers it could replay a wrong answer (FP-2, A-7). And a function toolset a
+model than the one that answers it could replay a wrong answer. And a function toolset a
 capability contributes without an id (pydantic-ai-harness's `AskUser`) is given its capability's id, the
-name pydantic-ai's durable layer asks for, since there is no public way to name it (WT-6).
+name pydantic-ai's durable layer asks for, since there is no public way to name it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`resolve()`: decide the calls an execution waits on, in pydantic-ai's own terms, from anywhere (WT-2, WT-6).
+"""`resolve()`: decide the calls an execution waits on, in pydantic-ai's own terms, from anywhere.
 
 A web handler or a script has the journal and the execution key, nothing else: no agent, no message
 history. It passes the decisions as pydantic-ai's `DeferredToolResults` would hold them (`True`, `False`,
@@ -38,7 +38,7 @@ async def resolve(
     wait: float = 10.0,
     dispatch: bool = False,
 ) -> Resolution:
-    """Decide calls execution `key` waits on, by tool call id; the next attempt goes on with them (WT-2, WT-3).
+    """Decide calls execution `key` waits on, by tool call id; the next attempt goes on with them.
 
     `approvals` answers calls that need approval: `True` or `ToolApproved(override_args=...)` lets the tool run
     (once, in the next attempt), `False` or `ToolDenied(message)` tells the model it was denied. `results`
@@ -54,7 +54,7 @@ async def resolve(
 
     `dispatch=True` then sends the execution on to a worker, from the delivery its metadata recorded, through
     the fleet of this process that registered its task (import the module that defines the durable task
-    first); it sends nothing while calls are still pending (WT-4). The decisions are recorded before the
+    first); it sends nothing while calls are still pending. The decisions are recorded before the
     send: should the send fail, `DurableError` says so, the decisions stand, and the workers' sweep sends
     the execution once its `resume_after` has passed.
     """
@@ -129,7 +129,7 @@ def _answer(
 def ask_user_request(call: DeferredCall) -> AskUserRequest:
     """The validated `AskUserRequest` behind a waiting `ask_user_question` call: the questions to put to the person.
 
-    Raises `ValueError` for a call of another tool (WT-6).
+    Raises `ValueError` for a call of another tool.
     """
     from pydantic_ai_harness.ask_user import AskUserRequest
 

@@ -54,7 +54,7 @@ class ResultNotJournalable(JournalError):
     """The result of a step that already ran cannot be journaled (not JSON, nested too deeply, ...).
 
     Its side effect happened, so the journal keeps a fence at that step's position: a retry stops
-    there instead of silently running it again (JF-5). `step` is the journal step whose body produced
+    there instead of silently running it again. `step` is the journal step whose body produced
     the result, so an outer step whose body merely saw the error pass by is not fenced as well.
     """
 
@@ -67,8 +67,8 @@ class JournalCorrupt(JournalError):
     """A stored value failed its authentication: altered, copied from another place, or sealed with another key.
 
     It is never replayed and never taken for a missing step, since either could repeat a side effect or
-    hide a tampering (EN-3). `key` is the execution, `where` the value (`"run 0, step 3"`). Also raised, with
-    `where="the import"`, for what an import left when it was killed part way (XP-2).
+    hide a tampering. `key` is the execution, `where` the value (`"run 0, step 3"`). Also raised, with
+    `where="the import"`, for what an import left when it was killed part way.
     """
 
     def __init__(self, message: str, *, key: str, where: str) -> None:
@@ -91,7 +91,7 @@ class EncryptionMismatch(JournalError):
 
 
 class ExportInvalid(DurableError, ValueError):
-    """An export document that cannot be imported: not JSON, another version, a wrong field, over a limit (XP-4).
+    """An export document that cannot be imported: not JSON, another version, a wrong field, over a limit.
 
     The whole document is checked before anything is written, so this error means the journal is unchanged.
     """
@@ -101,7 +101,7 @@ class ExportInvalid(DurableError, ValueError):
 
 
 class ImportRefused(DurableError):
-    """An import or fork the target journal cannot take: the key exists (without `force`) or is running (XP-2)."""
+    """An import or fork the target journal cannot take: the key exists (without `force`) or is running."""
 
     def __init__(self, message: str, *, key: str) -> None:
         super().__init__(message)
@@ -160,7 +160,7 @@ class LeaseLost(DurableError):
 
 
 class MetadataMismatch(DurableError):
-    """An attempt brought other work than its execution recorded: a field of `fixed_metadata` differs (FL-12).
+    """An attempt brought other work than its execution recorded: a field of `fixed_metadata` differs.
 
     A job queue's task id names one piece of work; a second delivery of the id with another task or other
     arguments (a producer's bug, or an id reused on purpose) would run its own steps live under the first
@@ -183,7 +183,7 @@ class MetadataMismatch(DurableError):
 
 
 class ReplayDiverged(DurableError):
-    """A run no longer matches its journal, and the execution asked to stop there (`on_divergence="raise"`, DV-3).
+    """A run no longer matches its journal, and the execution asked to stop there (`on_divergence="raise"`).
 
     Raised at the first step that differs from the recorded one, before that step or any later one runs
     live: no model request is sent and no tool runs. The attributes say where (`run`, `position`, `name`),
@@ -211,12 +211,12 @@ class ReplayDiverged(DurableError):
 
 
 class ConsoleRefused(DurableError, ValueError):
-    """The console will not start as asked: it would serve the journal to others without a token (UI-4)."""
+    """The console will not start as asked: it would serve the journal to others without a token."""
 
 
 class ResolutionRefused(DurableError, ValueError):
     """A decision `resolve` cannot record: the execution is not waiting, the call is unknown, decided otherwise
-    already, or the decision does not fit the call (WT-2). Nothing was written.
+    already, or the decision does not fit the call. Nothing was written.
 
     `call_id` names the call at fault, or is `None` when the execution itself is the reason.
     """

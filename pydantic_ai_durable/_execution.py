@@ -28,7 +28,7 @@ _DEFAULT_JOURNALS: dict[str, DiskJournal] = {}
 
 
 def current_attempt() -> Attempt | None:
-    """The attempt of the innermost active `execution()`, or `None` (the capability is then inert, R-1)."""
+    """The attempt of the innermost active `execution()`, or `None` (the capability is then inert)."""
     handle = _EXECUTION.get()
     return handle._attempt if handle is not None else None
 
@@ -80,7 +80,7 @@ class Execution:
 
     @property
     def stats(self) -> Stats:
-        """Steps replayed and recorded per kind, and steps that could not be recorded (S-1)."""
+        """Steps replayed and recorded per kind, and steps that could not be recorded."""
         return self._attempt.stats
 
     @property
@@ -91,7 +91,7 @@ class Execution:
     @property
     def waiting_on(self) -> tuple[str, ...]:
         """The tool call ids this attempt's runs left waiting for a decision; once the scope ended without an
-        error, non-empty exactly when the execution ended `waiting` (WT-1, WT-4)."""
+        error, non-empty exactly when the execution ended `waiting`."""
         return self._attempt.waiting_on
 
     def __repr__(self) -> str:
@@ -121,7 +121,7 @@ class execution:
     will be reused for new work, and `"run"` deletes each run as it succeeds. `metadata` is a small JSON
     object stored with the execution (what a worker needs to restart it), returned by listings; the fields
     named in `fixed_metadata` must come back unchanged on every later attempt, else it is refused with
-    `MetadataMismatch` before anything runs (a task id reused for other work, FL-12).
+    `MetadataMismatch` before anything runs (a task id reused for other work).
 
     A journal write that fails is retried for `write_timeout` seconds (default: a third of `lease_ttl`);
     if it still fails the attempt stops with `JournalUnavailable` before its next step, so nothing runs
@@ -130,8 +130,8 @@ class execution:
 
     When a run no longer matches its journal (the agent changed between attempts), the default
     `on_divergence="run_live"` runs the changed steps live, and a tool call whose name and arguments
-    equal those of a recorded, unused result gets that result instead of running again (DV-2);
-    `"raise"` stops with `ReplayDiverged` before anything runs live (DV-3). `None` leaves it to each
+    equal those of a recorded, unused result gets that result instead of running again;
+    `"raise"` stops with `ReplayDiverged` before anything runs live. `None` leaves it to each
     `Durable(on_divergence=...)`.
     """
 
@@ -161,7 +161,7 @@ class execution:
             metadata=metadata,
             fixed_metadata=fixed_metadata,
             on_divergence=on_divergence,
-            serves=is_successful_tool_payload,  # DV-2: a recorded retry or failure serves no later call
+            serves=is_successful_tool_payload,  # a recorded retry or failure serves no later call
         )
         self._handle = Execution(self._attempt)
         self._token: Token[Execution | None] | None = None

@@ -1,4 +1,4 @@
-"""Secret masking for everything the journal stores or fingerprints (K-1..K-6).
+"""Secret masking for everything the journal stores or fingerprints.
 
 Only strings the user registered as secrets are hidden; nothing is guessed from key names, because
 hiding a field merely called `auth_type` would corrupt data the model needs. The walk over nested
@@ -213,7 +213,7 @@ class SecretRegistry:
         return len(self._secrets)
 
     def mask(self, value: object) -> object:
-        """Return `value` with every registered secret replaced by `MASK` (K-1..K-5).
+        """Return `value` with every registered secret replaced by `MASK`.
 
         Unchanged parts are returned as the very same objects, and with no secret registered the value
         itself comes straight back, so masking costs next to nothing in the common case.
@@ -318,7 +318,7 @@ def _field_names(kind: type) -> tuple[str, ...]:
 class _Masker:
     """Masks one value against a fixed snapshot of secrets using an explicit stack.
 
-    A set of the ids of containers currently being walked detects self-containment (K-5) without
+    A set of the ids of containers currently being walked detects self-containment without
     flagging data that is merely shared between two places.
     """
 

@@ -1,4 +1,4 @@
-"""A recorded run as pydantic-ai messages, ready to hand to any agent as `message_history` (XP-5).
+"""A recorded run as pydantic-ai messages, ready to hand to any agent as `message_history`.
 
 The journal core rebuilds the conversation as JSON; this layer loads it with pydantic-ai's own adapter,
 so what comes back is what the run's `all_messages()` held at that step, secrets masked as they were

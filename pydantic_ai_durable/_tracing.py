@@ -1,4 +1,4 @@
-"""OpenTelemetry attributes that tell a replayed step from a live one (TR-1..TR-4).
+"""OpenTelemetry attributes that tell a replayed step from a live one.
 
 pydantic-ai's instrumentation runs again when a resumed run replays, so without this every replayed step
 looks live in a trace, and its `chat` span reports the recorded tokens as if they were spent twice. Each
@@ -98,7 +98,7 @@ def _tracer(capabilities: object) -> Tracer:
 def traced_run(run: Run, capabilities: object, spent: Callable[[], RunUsage]) -> Iterator[None]:
     """Around one agent run: name the execution and attempt on its span, and keep replays out of metrics (TR-3).
 
-    At the end the run's span also gets what this attempt really spent (`spent`, TR-3): pydantic-ai's
+    At the end the run's span also gets what this attempt really spent (`spent`): pydantic-ai's
     `gen_ai.aggregated_usage.*` on it adds up the responses the run saw, replayed ones included.
     """
     span = trace.get_current_span()
@@ -138,7 +138,7 @@ def _attributes(step: Step) -> dict[str, AttributeValue]:
         KIND: step.kind,
     }
     if step.by_arguments:
-        attributes[BY_ARGUMENTS] = True  # DV-2: the recorded result of the same call, made at another position
+        attributes[BY_ARGUMENTS] = True  # the recorded result of the same call, made at another position
     for divergence in reversed(run.stats.divergences):
         if divergence.run == run.key and divergence.position == step.position:
             attributes[DIVERGENCE] = divergence.reason
@@ -156,10 +156,10 @@ def _own_span(step: Step) -> Span | None:
 
 @contextmanager
 def traced(step: Step) -> Iterator[None]:
-    """Around a step's live body: its span says it ran live (TR-1), and why, after a mismatch (TR-2).
+    """Around a step's live body: its span says it ran live, and why, after a mismatch (TR-2).
 
     A model or tool step has a span of pydantic-ai's; the other kinds get one of ours around the body,
-    described when the body is done, since a discovery step may turn live only then (DV-1).
+    described when the body is done, since a discovery step may turn live only then.
     """
     own = _own_span(step)
     if own is not None:

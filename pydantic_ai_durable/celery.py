@@ -10,10 +10,10 @@ async def research(prompt: str) -> str:
 
 What every queue needs is the fleet core's (`pydantic_ai_durable.fleet`: the key, the metadata, the
 sweep, the retry delays). This adapter holds what is Celery's: the task options that keep a killed
-worker's message (FL-4), Celery's retries (FL-2), one event loop per worker process for async bodies
-(FL-5), the worker step that checks settings and pools and runs the sweep (FL-3, FL-10), `.apply()`,
-eager apps and direct calls (FL-9), and on Redis the return of a message a dead worker took but never
-started (FL-13, the one place that reads Kombu's internals).
+worker's message, Celery's retries, one event loop per worker process for async bodies,
+the worker step that checks settings and pools and runs the sweep, `.apply()`,
+eager apps and direct calls, and on Redis the return of a message a dead worker took but never
+started (the one place that reads Kombu's internals).
 """
 
 from __future__ import annotations
@@ -55,11 +55,11 @@ ENGINE = 'celery'
 """The `engine` field of the metadata a durable task stores with its execution."""
 
 POOLS = ('prefork', 'threads', 'solo')
-"""The worker pools durable tasks run on; green pools (gevent, eventlet) are refused (FL-10)."""
+"""The worker pools durable tasks run on; green pools (gevent, eventlet) are refused."""
 
 WAITING = 'WAITING'
-"""The Celery state of a durable task whose execution waits for a decision; its `info` is the fleet's `Waiting`
-(WT-4). Not a ready state: `AsyncResult.get()` returns the output once the task has gone on to it."""
+"""The Celery state of a durable task whose execution waits for a decision; its `info` is the fleet's `Waiting`.
+Not a ready state: `AsyncResult.get()` returns the output once the task has gone on to it."""
 
 _REDIS_TRANSPORTS = ('redis', 'rediss', 'sentinel')
 _VISIBILITY_TRANSPORTS = (*_REDIS_TRANSPORTS, 'sqs')
@@ -106,7 +106,7 @@ def durable_task(
     and a direct call run durably too, under their task id (a fresh one for a direct call), waiting at most
     `lease_ttl` for a busy execution. A delivery whose run ends waiting for a decision ends in the state
     `WAITING`, its info the fleet's `Waiting`, with no result (an `.apply()` or a direct call returns the
-    `Waiting`), and is sent again once decided (WT-4). Every worker of the app checks its settings and pool
+    `Waiting`), and is sent again once decided. Every worker of the app checks its settings and pool
     when it starts and sweeps for executions left interrupted for `resume_after` seconds (default:
     `lease_ttl`), or decided that long ago, to send them again. Other keyword arguments go to `app.task`.
     """
@@ -143,14 +143,14 @@ def durable_task(
                 retry = None if wait else retry_after(error, attempt=request.retries or 0, lease_ttl=ttl)
                 if retry is None:
                     raise
-                if retry.taken_over:  # the other delivery of this same id runs it and reports its outcome (FL-2)
+                if retry.taken_over:  # the other delivery of this same id runs it and reports its outcome
                     log.warning('Execution %r was taken over by another delivery, which runs it.', delivery.key)
                     raise Ignore() from None
                 retry.log(delivery.key)
                 raise self.retry(countdown=retry.delay, exc=None if retry.busy else error) from None
             if wait or not isinstance(outcome, Waiting):
                 return outcome
-            # WT-4: the delivery ends, acknowledged and never retried, and the task id keeps no result yet, so
+            # The delivery ends, acknowledged and never retried, and the task id keeps no result yet, so
             # its continuation stores the output under it (a backend never overwrites a success).
             try:
                 self.update_state(state=WAITING, meta=dict(outcome))
@@ -173,7 +173,7 @@ def _queue_of(request: Any) -> str | None:
 
 
 async def sweep(app: Celery) -> list[str]:
-    """One sweep round of the app's durable tasks, as every worker runs it; returns the keys sent again (FL-3)."""
+    """One sweep round of the app's durable tasks, as every worker runs it; returns the keys sent again."""
     return await _fleet(app).sweep()
 
 
@@ -204,7 +204,7 @@ if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_forget_loops)
 
 
-# -- at worker start: the settings, the pool, and the sweep (FL-3, FL-4, FL-10) -------------------------
+# -- at worker start: the settings, the pool, and the sweep (FL-4) --------------------------------------
 
 
 def check_settings(app: Celery) -> list[str]:
@@ -320,7 +320,7 @@ def _install(app: Celery, fleet: Fleet) -> None:
     app.steps['worker'].add(DurableStep)
 
 
-# -- on Redis: a message a dead worker took, but never started (FL-3, FL-13) --------------------------
+# -- on Redis: a message a dead worker took, but never started ----------------------------------------
 
 
 @dataclass
@@ -362,7 +362,7 @@ class _RedisUnacked:
 
 
 _KOMBU_TESTED = ((5, 5), (5, 7))
-"""The Kombu versions, first and last minor, whose Redis transport the tests ran against (FL-13)."""
+"""The Kombu versions, first and last minor, whose Redis transport the tests ran against."""
 
 
 def _kombu_redis_problem(channel_class: Any = None) -> str | None:
@@ -399,7 +399,7 @@ async def _restore_unstarted(app: Celery, fleet: Fleet) -> list[str]:
     timeout. With prefetch 1 and late acks a live worker starts what it takes at once, so a message taken
     `resume_after` seconds ago (not held for a countdown) with no execution, or whose execution finished
     or ended waiting but was never acknowledged, belonged to a dead worker. Should the worker be alive after
-    all, the second delivery is fenced by the lease and replays (FL-3).
+    all, the second delivery is fenced by the lease and replays.
     """
     restored: list[str] = []
     with app.connection_for_write() as connection:

@@ -10,11 +10,11 @@ async def research(prompt: str) -> str:
 
 Procrastinate keeps its queue in PostgreSQL, so it can share the `PostgresJournal`'s database. What every
 queue needs is the fleet core's (`pydantic_ai_durable.fleet`): the key of each execution is the task's
-name and the job's id, which a retry keeps (FL-1), and busy, lost and failing journals become retries
-(FL-2). This adapter holds what is Procrastinate's: its retry strategy, how a job is sent again (retried
+name and the job's id, which a retry keeps, and busy, lost and failing journals become retries.
+This adapter holds what is Procrastinate's: its retry strategy, how a job is sent again (retried
 at the highest priority; a job whose execution ended waiting succeeded, and is put back in the queue once
-it is decided, WT-4), the jobs of workers that stopped heart-beating (FL-6), and where the sweep runs: on
-each worker's event loop beside its jobs, never behind them in the queue (FL-11).
+it is decided), the jobs of workers that stopped heart-beating, and where the sweep runs: on
+each worker's event loop beside its jobs, never behind them in the queue.
 """
 
 from __future__ import annotations
@@ -58,18 +58,18 @@ ENGINE = 'procrastinate'
 """The `engine` field of the metadata a durable job stores with its execution."""
 
 RECOVERY_TASK = 'pydantic_ai_durable.recover_stalled_jobs'
-"""The name of the periodic task `durable_job` adds to the app (FL-6)."""
+"""The name of the periodic task `durable_job` adds to the app."""
 
 PRIORITY = 2**31 - 1
 """The highest priority a Procrastinate job can have (a PostgreSQL integer): the recovery task's, and that of
-every job recovery retries, so neither waits behind a backlog (FL-11)."""
+every job recovery retries, so neither waits behind a backlog."""
 
 
 class DurableRetry(BaseRetryStrategy):
     """Retries a job whose execution was busy, taken over or met a failing journal, when `retry_delay` says.
 
     Any other error of the body goes to the task's own strategy (`retry=` of `durable_job`), if it has one;
-    `MetadataMismatch` never does, since the job would be refused the same way every time (FL-12). Retries
+    `MetadataMismatch` never does, since the job would be refused the same way every time. Retries
     of the first kind count in the job's `attempts` too, so give such a strategy room for them.
     """
 
@@ -121,7 +121,7 @@ def durable_job(
     loop) or a plain function that calls `run_sync` (Procrastinate runs it in a thread); with
     `pass_context=True` it gets the `JobContext` first, as with `app.task`. `retry=` applies to the body's
     own errors only (`DurableRetry`). A job whose run ends waiting for a decision succeeds with the fleet's
-    `Waiting` as its result, and is put back in the queue once decided (WT-4). Each worker that runs an
+    `Waiting` as its result, and is put back in the queue once decided. Each worker that runs an
     async durable job (or the recovery task) sweeps on its event loop every `resume_after / 3` seconds or
     so (default: `lease_ttl`), beside its jobs: it retries, at `PRIORITY`, the jobs of workers that stopped
     heart-beating for `resume_after` seconds and the executions left interrupted that long, or decided
@@ -151,7 +151,7 @@ def durable_job(
 
             @functools.wraps(function)
             async def run_async(context: JobContext, *args: Any, **kwargs: Any) -> Any:
-                sweep_on_this_loop(durable)  # this worker's sweep, beside its jobs (FL-11)
+                sweep_on_this_loop(durable)  # this worker's sweep, beside its jobs
                 return await durable.run(delivery(context, args, kwargs), lambda: call(context, args, kwargs))
 
             body: Callable[..., Any] = run_async
@@ -192,7 +192,7 @@ def _install(app: App, fleet: Fleet, queue: str | None) -> None:
 
 
 async def recover_stalled_jobs(app: App) -> list[str]:
-    """Retry the durable jobs a dead worker left behind; return their execution keys (FL-3, FL-6).
+    """Retry the durable jobs a dead worker left behind; return their execution keys.
 
     Two kinds are found: jobs whose execution was left `interrupted` for the task's `resume_after`
     seconds (the sweep, so two recoveries at once retry each job once), and jobs still `doing` on a
@@ -236,7 +236,7 @@ _PUT_BACK: LiteralString = (
 
 
 async def _send_again(app: App, delivery: Delivery) -> None:
-    """Run the delivery's job again under its id: retried if still `doing`, put back if it ended (WT-4).
+    """Run the delivery's job again under its id: retried if still `doing`, put back if it ended.
 
     A job whose execution ended waiting succeeded: once its calls are decided it goes back to `todo`, in one
     statement that only a succeeded job passes, so two senders put it back once. A job still `todo` is

@@ -5,7 +5,7 @@ without writing code. The CLI only works on a journal that already exists: it ne
 directory or a database schema, so a mistyped path is reported instead of silently becoming an empty
 journal. Modules: `_parsing` (the command line), `_target` (opening the journal), `_render`, `_commands`, `_transfer`
 (export, import, fork, messages), `_files` (the files they read and write), `_waiting` (approve, deny, complete,
-and the calls `show` lists), `_serve` (the console, UI-1).
+and the calls `show` lists), `_serve` (the console).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The CLI's commands: `list`, `show`, `delete`, `prune` and `rekey` (CLI-1, CLI-2, EN-2).
+"""The CLI's commands: `list`, `show`, `delete`, `prune` and `rekey`.
 
 Each reads what the journal holds through the journal protocol and the core's own readers of stored
 shapes, so `show` calls unreadable exactly what a retry would ignore (and sealed what it cannot judge
 without keys), and states come from listing (the lease, judged as a takeover is), never from a record
-alone. `delete` takes the lease first, so the attempt that held it can write nothing more (B-13); `prune`
+alone. `delete` takes the lease first, so the attempt that held it can write nothing more; `prune`
 never deletes a running execution.
 """
 
@@ -60,7 +60,7 @@ async def _find(journal: Journal, key: str) -> _Found | None:
     """The execution `key`, or `None` when nothing is stored under it.
 
     The state comes from listing, not from the execution record: only the lease, judged as the engine
-    judges a takeover, tells a live attempt from one that died (FN-3).
+    judges a takeover, tells a live attempt from one that died.
     """
     record = await journal.read_execution(key)
     info = next((item for item in await journal.list_executions() if item.key == key), None)
@@ -123,7 +123,7 @@ def list_command(target: Target, states: tuple[ExecutionState, ...] | None, as_j
     headers = ['KEY', 'STATE', 'RUNS', 'STEPS', 'SIZE', 'LAST UPDATE', 'METADATA']
     lines = [line.rstrip() for line in table(headers, rows, right={2, 3, 4})]
     problems = [info for info in infos if info.problem is not None]
-    if problems:  # B-6: what is wrong with each execution that could not be read, below the others
+    if problems:  # what is wrong with each execution that could not be read, below the others
         lines += ['', 'could not be read:']
         lines += [f'  {cell(info.key, _KEY_WIDTH)}: {cell(info.problem or "", 400)}' for info in problems]
     print_lines(lines)
@@ -153,7 +153,7 @@ class _Step:
             'recorded': utc(recorded),
             'recorded_epoch': recorded,
             'v': entry.get('v'),
-            # EN-5: a sealed step is judged by whoever holds the keys; without them it is neither
+            # A sealed step is judged by whoever holds the keys; without them it is neither
             'readable': None if key_id is not None else parse_entry(self.entry) is not None,
         }
 
@@ -215,7 +215,7 @@ def _gap_rows(start: int, end: int, missing: dict[int, int]) -> list[list[str]]:
 
 def _step_rows(snapshot: RunSnapshot) -> list[list[str]]:
     rows: list[list[str]] = []
-    missing = missing_links(snapshot.entries)  # EN-3: a retry stops there with JournalCorrupt
+    missing = missing_links(snapshot.entries)  # a retry stops there with JournalCorrupt
     expected = 0
     for step in _steps(snapshot):
         if step.position > expected:
@@ -323,7 +323,7 @@ def delete_command(target: Target, key: str, *, force: bool, as_json: bool) -> i
         if found.state == 'running' and not force:
             raise running
         await journal.open()  # a read-only or unreachable store says so here
-        # The lease is taken first (a new epoch), so the attempt that held it can write nothing more (B-13).
+        # The lease is taken first (a new epoch), so the attempt that held it can write nothing more.
         if await delete_under_lease(journal, key, force=force) is not None:
             raise running
         left = [bool((await journal.read_run(key, run)).entries) for run, _ in found.runs]
@@ -409,7 +409,7 @@ def _count_states(infos: list[ExecutionInfo]) -> dict[str, int]:
 
 
 def rekey_command(target: Target, as_json: bool, *, decrypt: bool = False) -> int:
-    """Rewrite every execution no attempt holds under the current key (EN-2), or in plain text with `decrypt`.
+    """Rewrite every execution no attempt holds under the current key, or in plain text with `decrypt`.
 
     Exit 1 if any was held by an attempt or could not be read: every other one is rewritten all the same.
     """
@@ -446,7 +446,7 @@ def _rekey_lines(report: RekeyReport, decrypt: bool, reclaim: str | None) -> lis
             + ', '.join(cell(key, 60) for key in report.busy)
             + '; run rekey again once they end, and keep the old key listed until then'
         )
-    if report.skipped:  # B-6: named, each with its reason; every other execution was rewritten
+    if report.skipped:  # named, each with its reason; every other execution was rewritten
         skipped = plural(len(report.skipped), 'execution')
         lines.append(f'{skipped} skipped, left as they were because they could not be read:')
         lines += [f'  {cell(key, 60)}: {cell(reason, 400)}' for key, reason in report.skipped.items()]
@@ -467,7 +467,7 @@ def _rekey_lines(report: RekeyReport, decrypt: bool, reclaim: str | None) -> lis
 
 
 def _reclaim(journal: Journal) -> str | None:
-    """The command that removes the old plain copies of values `rekey` sealed (EN-2), for this kind of store."""
+    """The command that removes the old plain copies of values `rekey` sealed, for this kind of store."""
     if isinstance(journal, PostgresJournal):  # old row versions stay in the table files until PostgreSQL reclaims them
         schema = '"' + journal.schema.replace('"', '""') + '"'
         return f'VACUUM FULL {schema}.entries, {schema}.run_records, {schema}.executions;'

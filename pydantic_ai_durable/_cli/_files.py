@@ -1,4 +1,4 @@
-"""The files `import` reads and `export` writes (XP-1, XP-4).
+"""The files `import` reads and `export` writes.
 
 An import reads a regular file or standard input (`-`), nothing else: a FIFO nobody writes to would hang it
 forever, and a device would be read to the size limit. The file is decoded to text at once and its bytes let
@@ -88,7 +88,7 @@ def _read_up_to(file: BinaryIO, most: int, first: int) -> bytes:
 
 
 _JOURNAL_FILES = frozenset((DATABASE, f'{DATABASE}-wal', f'{DATABASE}-shm', f'{DATABASE}-journal'))
-"""The files SQLite keeps for a disk journal's database: an export must never be renamed over one (XP-1)."""
+"""The files SQLite keeps for a disk journal's database: an export must never be renamed over one."""
 
 
 def write_export(output: str, text: str) -> bool:

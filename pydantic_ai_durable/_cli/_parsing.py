@@ -1,4 +1,4 @@
-"""The CLI's command line: the commands, their options, and the durations and states they take (CLI-1).
+"""The CLI's command line: the commands, their options, and the durations and states they take.
 
 Shared options are accepted before and after the command. A duration needs a unit (`30s`, `7d`): a bare
 number would mean seconds to one reader and days to another, and a mistake here deletes executions.

@@ -1,4 +1,4 @@
-"""`serve`: the console in the browser over the journal (UI-1, UI-4), from the `console` extra.
+"""`serve`: the console in the browser over the journal, from the `console` extra.
 
 The bind is checked before the journal is opened, so a console that would be reachable by others without a
 token never starts; the journal is opened as every command opens it (never created) and closed when the

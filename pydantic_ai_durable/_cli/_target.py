@@ -1,7 +1,7 @@
 """The journal a CLI command works on: found from `--journal`, opened without creating anything, always closed.
 
 A mistyped path or DSN must be reported, never become an empty journal, so a directory must already hold
-a journal database and a PostgreSQL schema its tables (CLI-2). Every failure a command meets becomes a
+a journal database and a PostgreSQL schema its tables. Every failure a command meets becomes a
 `Failure`: one line on stderr and an exit code, never a traceback, with a DSN's password scrubbed.
 """
 
@@ -44,7 +44,7 @@ _DSN_KEYWORDS = re.compile(r'^\s*[A-Za-z_]+\s*=')
 
 
 class Failure(Exception):
-    """A reason to stop with a one-line message and an exit code, never a traceback (CLI-2)."""
+    """A reason to stop with a one-line message and an exit code, never a traceback."""
 
     def __init__(self, message: str, code: int = EXIT_NOT_FOUND) -> None:
         super().__init__(message)
@@ -60,7 +60,7 @@ class Target:
     dsn: str | None = None
     """The PostgreSQL DSN, whose password must be scrubbed from every error text shown."""
     keys: Encryption | None = None
-    """The keys of `$PYDANTIC_AI_DURABLE_KEYS`, if set: `import` decides itself what it seals with them (XP-2)."""
+    """The keys of `$PYDANTIC_AI_DURABLE_KEYS`, if set: `import` decides itself what it seals with them."""
     exists: bool = True
     """False for the journal `import` is about to create: nothing is stored there, and nothing is opened early."""
 

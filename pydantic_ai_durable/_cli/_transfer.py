@@ -1,9 +1,9 @@
-"""The CLI's commands that move executions: `export`, `import`, `fork`, and `show --messages` (XP-1..XP-5).
+"""The CLI's commands that move executions: `export`, `import`, `fork`, and `show --messages`.
 
 They are thin over the journal core's calls of the same names: the checks, the lease and the all-or-nothing
 write live there, so the command line and Python behave alike. What the CLI adds is the files (`_files`)
 and, for `import`, how the keys of `$PYDANTIC_AI_DURABLE_KEYS` are used: a journal object in Python is
-built with its own keys, while the CLI must learn from the journal whether it stores sealed values (XP-2).
+built with its own keys, while the CLI must learn from the journal whether it stores sealed values.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _file_key_ids(document: dict[str, Any]) -> list[str]:
 
 
 async def _store_as_the_journal_does(journal: Journal, target: Target, file_ids: list[str]) -> None:
-    """Set the journal up to store imported values as it stores its own (XP-2).
+    """Set the journal up to store imported values as it stores its own.
 
     A journal holding sealed executions gets them sealed under the current key given, once the keys are
     shown to open it; a plain one gets them in plain text (a sealed file was opened with the keys); an empty

@@ -1,11 +1,11 @@
-"""The CLI for executions that wait: `approve`, `deny`, `complete`, and what `show` prints of the calls (WT-2).
+"""The CLI for executions that wait: `approve`, `deny`, `complete`, and what `show` prints of the calls.
 
 An operator decides a call with the key and the call id alone, from any shell that reaches the journal;
 the decision goes through the journal core's `resolve_calls`, fenced under a lease like every write, so
 the CLI and a web handler decide the same way. `show` lists the calls an execution waits on and the
 audit trail of those decided: who, when, and how. The CLI knows no job queue: `--dispatch MODULE` imports
 the app's module of durable tasks, whose fleet then sends the task on; without it the workers' sweep does,
-once `resume_after` has passed (WT-4).
+once `resume_after` has passed.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def decide_command(
     dispatch: str | None = None,
     as_json: bool,
 ) -> int:
-    """`approve`, `deny` or `complete` one call of a waiting execution (WT-2); with `dispatch`, send it on (WT-4)."""
+    """`approve`, `deny` or `complete` one call of a waiting execution; with `dispatch`, send it on."""
     decision = _decision(command, message, result, by if by is not None else default_resolver())
     if dispatch is not None:
         _import_tasks(dispatch)
@@ -152,7 +152,7 @@ def _outcome(call: DeferredCall) -> str:
 
 
 def _questions(call: DeferredCall) -> list[str]:
-    """The questions of an `AskUser` call, as the person will be asked them (WT-6)."""
+    """The questions of an `AskUser` call, as the person will be asked them."""
     questions = (call.request or {}).get('questions')
     if not isinstance(questions, list):
         return []

@@ -1,4 +1,4 @@
-"""`pydantic-ai-durable serve`: a console in the browser over one journal (UI-1..UI-7).
+"""`pydantic-ai-durable serve`: a console in the browser over one journal.
 
 An operator sees every execution (counts per state, filtered, paged on the server), one execution's attempts
 and the timeline of its steps, its conversation as a chat, the executions that wait for a decision and those a

@@ -65,7 +65,7 @@ class ConsoleSettings:
     """How the journal is named in the pages (a DSN without its password)."""
     page_size: int = 50
     by: str | None = None
-    """Who the console's decisions are recorded as (`serve --by`, by default the user that runs it; UI-7)."""
+    """Who the console's decisions are recorded as (`serve --by`, by default the user that runs it)."""
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     """Per process: what the session cookie and the CSRF token are derived from."""
 

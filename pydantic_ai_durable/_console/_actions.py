@@ -1,10 +1,10 @@
-"""What the console changes: export, fork, delete and decisions, through the functions the CLI calls (UI-3, UI-7).
+"""What the console changes: export, fork, delete and decisions, through the functions the CLI calls.
 
-Export and fork are the journal core's `export_execution` and `fork_execution` (XP-1, XP-3); delete is
+Export and fork are the journal core's `export_execution` and `fork_execution`; delete is
 `delete_under_lease`, which takes the execution's lease first so the attempt that held it can write
-nothing more (B-13), and refuses a running execution as `delete` without `--force` does. A decision is the
+nothing more, and refuses a running execution as `delete` without `--force` does. A decision is the
 core's `resolve_calls`, as the CLI's `approve`, `deny` and `complete`: fenced under the execution's lease,
-all or nothing, idempotent (WT-2). A refusal a user can act on comes back as `Refused`, shown on the page or
+all or nothing, idempotent. A refusal a user can act on comes back as `Refused`, shown on the page or
 in the API's answer; nothing here bypasses a lease.
 """
 
@@ -108,7 +108,7 @@ def _finite(name: str) -> Any:
 
 
 def parse_json(text: str | bytes) -> Any:
-    """JSON as the journal stores it: NaN and infinities refused, as a write would refuse them (J-2)."""
+    """JSON as the journal stores it: NaN and infinities refused, as a write would refuse them."""
     return json.loads(text, parse_constant=_finite)
 
 
@@ -181,7 +181,7 @@ def resolver(settings_by: str | None, given: object, where: str) -> str:
 
 
 async def resolve(journal: Journal, key: str, decisions: Mapping[str, CallDecision]) -> Resolution:
-    """Record `decisions` for the calls execution `key` waits on, as `approve` / `deny` / `complete` do (WT-2)."""
+    """Record `decisions` for the calls execution `key` waits on, as `approve` / `deny` / `complete` do."""
     try:
         return await resolve_calls(journal, key, decisions)
     except ResolutionRefused as exc:

@@ -1,7 +1,7 @@
-"""The console's JSON API under `/api/`: what the pages show, for teams that build their own screen (UI-6, UI-7).
+"""The console's JSON API under `/api/`: what the pages show, for teams that build their own screen (UI-6).
 
 Reads answer GET; the actions answer POST with the CSRF token in `X-CSRF-Token` (from `GET /api/session`)
-and are refused in read-only mode, exactly as the pages' forms are (UI-4). Every answer is JSON built from
+and are refused in read-only mode, exactly as the pages' forms are. Every answer is JSON built from
 the same views as the pages; none holds key material. Decisions come as pydantic-ai's `DeferredToolResults`
 holds them in JSON (`approvals`, `results`, by call id) and go through the same core function as the forms.
 """

@@ -1,6 +1,6 @@
-"""A recorded conversation as a chat: what `show --messages` gives, each part a bubble, tool calls folded (UI-3).
+"""A recorded conversation as a chat: what `show --messages` gives, each part a bubble, tool calls folded.
 
-The messages are pydantic-ai's JSON form, read back by the journal core (`recorded_conversation`, XP-5) from
+The messages are pydantic-ai's JSON form, read back by the journal core (`recorded_conversation`) from
 what the model steps recorded, so secrets are masked as they were when recorded. Parts are read by their
 `part_kind`; one this version does not know is shown as its JSON, never dropped.
 """

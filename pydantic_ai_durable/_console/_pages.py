@@ -1,9 +1,9 @@
-"""The console's pages: executions, one execution, its conversation, the waiting ones, the actions (UI-1..UI-3, UI-7).
+"""The console's pages: executions, one execution, its conversation, the waiting ones, the actions (UI-3).
 
 Each page reads the journal through the protocol (`page_executions`, `read_execution`, `read_run`) and the
 core's readers, renders a template, and changes nothing; the actions are POSTs checked for the CSRF token
-and refused in read-only mode before anything is read (UI-4). A running execution's page is refreshed by
-`/execution/live`, the same fragment the page embeds (UI-5). A decision posted from the waiting page or an
+and refused in read-only mode before anything is read. A running execution's page is refreshed by
+`/execution/live`, the same fragment the page embeds. A decision posted from the waiting page or an
 execution's page goes back to that page: redirected with a note read back from the journal once recorded,
 or rendered again with the refusal, and the text typed, when it is not.
 """
@@ -149,7 +149,7 @@ def page_routes(console: Console) -> list[Route]:
         return await waiting_page(request, _number(query.get('page'), 1, low=1), note=note)
 
     async def decide(request: Request) -> Response:
-        """A decision from a form: the CLI's approve / deny / complete, through the same core function (WT-2)."""
+        """A decision from a form: the CLI's approve / deny / complete, through the same core function."""
         form = await console.form(request)
         if console.settings.read_only:
             return console.message(request, 'Read-only', 'This console was started with --read-only.', 403)

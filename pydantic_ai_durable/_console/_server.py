@@ -1,4 +1,4 @@
-"""The console as a running server: the application over one journal, served by uvicorn (UI-1, UI-4).
+"""The console as a running server: the application over one journal, served by uvicorn (UI-1).
 
 `build_app` puts the pages, the JSON API and the static files behind `Access`; `serve` refuses a bind others
 can reach without a token before anything listens, then runs uvicorn until interrupted and closes the journal.
@@ -42,7 +42,7 @@ def build_app(journal: Journal, settings: ConsoleSettings) -> Starlette:
 
 
 def serve(journal: Journal, settings: ConsoleSettings) -> None:
-    """Serve the console until interrupted; a bind others can reach without a token is refused first (UI-4)."""
+    """Serve the console until interrupted; a bind others can reach without a token is refused first."""
     import uvicorn
 
     token = check_bind(settings.host, settings.token)

@@ -4,7 +4,7 @@ Everything here is plain data built from what the journal holds, through the pro
 of stored shapes (the same ones `show` uses), so the pages and the JSON API say the same thing and neither
 invents a fact the journal does not hold. A step's start, the attempt that ran it and the attempts that
 replayed it come from its entry (`s`, `a`) and the execution record's `history`; a journal written by an
-older release lacks them, and the console then says less rather than guess (UI-2).
+older release lacks them, and the console then says less rather than guess.
 """
 
 from __future__ import annotations
@@ -79,16 +79,16 @@ class StepRow:
     recorded: float | None
     started: float | None
     attempt: int | None
-    """The attempt that ran it live and recorded it, when the entry says (UI-2)."""
+    """The attempt that ran it live and recorded it, when the entry says."""
     replayed_in: list[int]
     """The later attempts that replayed it, as far as the journal tells (they ran live past it, or finished)."""
     readable: bool
     sealed: bool
     payload_bytes: int | None
     matched: bool
-    """Replayed by its arguments and written at its own position (DV-2)."""
+    """Replayed by its arguments and written at its own position."""
     unjournalable: str | None
-    """Why its result could not be kept: a fence a retry stops at (JF-5)."""
+    """Why its result could not be kept: a fence a retry stops at."""
     redacted: bool
     fenced: bool
     """At or past the run's fence (`diverge_from`): a retry runs it live (F-rules)."""
@@ -149,7 +149,7 @@ class ExecutionView:
     runs: list[RunRow]
     steps_bytes: int = 0
     calls: list[DeferredCall] = field(default_factory=list)
-    """Every tool call its runs deferred: those it waits on, and the decided ones with their audit trail (UI-7)."""
+    """Every tool call its runs deferred: those it waits on, and the decided ones with their audit trail."""
 
     def as_json(self) -> dict[str, Any]:
         found = asdict(self)

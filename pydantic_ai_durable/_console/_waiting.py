@@ -1,6 +1,6 @@
 """What the waiting page shows: executions that wait, the calls each waits on, and what a decision did (UI-7).
 
-The calls come from the listing itself (`ExecutionInfo.pending`, read from each execution record alone, WT-1),
+The calls come from the listing itself (`ExecutionInfo.pending`, read from each execution record alone),
 so a page of waiting executions costs one page of the listing, as the executions page does. A record sealed
 under keys the console was not given lists no calls, and says so. After a decision the page says what the
 journal now holds for that call, read back from it (`pending_calls(..., decided=True)`), never what the
@@ -63,7 +63,7 @@ async def waiting_rows(journal: Journal, infos: list[ExecutionInfo]) -> list[Wai
 
 
 def questions(call: DeferredCall) -> list[dict[str, Any]]:
-    """The questions of a pydantic-ai-harness `AskUser` call, from its validated request (WT-6); `[]` for any other."""
+    """The questions of a pydantic-ai-harness `AskUser` call, from its validated request; `[]` for any other."""
     listed = (call.request or {}).get('questions')
     found: list[dict[str, Any]] = []
     for question in listed if isinstance(listed, list) else []:

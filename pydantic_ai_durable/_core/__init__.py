@@ -3,7 +3,7 @@
 It knows positions, names, kinds, fingerprints and JSON payloads, and nothing of pydantic-ai, so every replay
 rule of docs/rules.md (R, P, M, D, W, F, X, C and S) lives here once and is tested without an agent. Its
 modules, bottom up: `_records` (stored shapes), `_stats`, `_lease`, `_attempt_view` (the attempt as its runs
-see it), `_step`, `_pool` (argument matching, DV-2), `_fences` (failure fences), `_run_writes` (every write of
+see it), `_step`, `_pool` (argument matching), `_fences` (failure fences), `_run_writes` (every write of
 a run), `_run` (what it reads and decides), `_retention` and `_attempt`; beside them, for job queues, `_sweep`
 (hands interrupted executions back) and `_retry` (when a task that met a busy, lost or failing journal runs
 again), and `_rekey` (rewrites every value under the current encryption key); `_document` (an export's

@@ -1,7 +1,7 @@
 """The attempt as its runs and steps see it: its identity, its policies, and the guard over their journal calls.
 
 A run is created by its attempt and calls back into it on every claim and write (to check the lease and
-the store's health, and to retry a failing store, B-10, JF-1, JF-2). `AttemptView` names that part of
+the store's health, and to retry a failing store). `AttemptView` names that part of
 `Attempt`, and `StoreHold` is what the attempt holds on one journal store, which the run carries back
 with each call; both sit below the run and the attempt, so neither module imports the other.
 """
@@ -35,7 +35,7 @@ class AttemptView(Protocol):
     """What a run needs from the attempt it belongs to; `Attempt` is the one implementation.
 
     Its identity (`key`, `number`, and `tag`, which names the side effects of its live tool steps), its
-    stats and policies, and the guard every journal call of the run goes through (B-10, JF-1, JF-2).
+    stats and policies, and the guard every journal call of the run goes through.
     """
 
     key: str

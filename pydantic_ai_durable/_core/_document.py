@@ -1,4 +1,4 @@
-"""An export's JSON text read one stored value at a time, with one meaning only (XP-4).
+"""An export's JSON text read one stored value at a time, with one meaning only.
 
 Parsed whole, a file of a few large payloads takes ten times its size in Python objects. So the document's
 frame (its fields, its runs, each entry's position) is read here, and every stored value in it (the

@@ -1,4 +1,4 @@
-"""An execution as one JSON document: what `export` writes and what `import` checks before it writes (XP-1, XP-4).
+"""An execution as one JSON document: what `export` writes and what `import` checks before it writes (XP-4).
 
 The document holds what the journal stores (entries with their fingerprints, run records, the execution
 record), never a lease or an epoch, so it can move between stores. A document is data from outside: it is
@@ -156,7 +156,7 @@ def _values(record: dict[str, Any], runs: Iterable[RunCopy]) -> Iterable[dict[st
 
 
 def snapshot_document(snapshot: Snapshot, seal_with: Encryption | None = None) -> dict[str, Any]:
-    """The export document of a snapshot; `seal_with` seals its plain values, bound to their places (EN-1)."""
+    """The export document of a snapshot; `seal_with` seals its plain values, bound to their places."""
     key, record, runs = snapshot.key, snapshot.record, snapshot.runs
     payloads = snapshot.payloads
     if seal_with is not None and payloads == 'plaintext':
@@ -211,7 +211,7 @@ def snapshot_from_document(document: dict[str, Any], limits: Limits, open_with: 
 
     Every value is checked here, before any write; a value read from text is not kept but loaded again when
     the import writes it (`Deferred`). A sealed document is opened with `open_with` at the places it was
-    sealed for, so a value altered or moved inside the file fails here (EN-3).
+    sealed for, so a value altered or moved inside the file fails here.
     """
     _exact(document, _TOP_FIELDS, 'the document')
     if document['format'] != EXPORT_FORMAT:
@@ -396,7 +396,7 @@ def _within(size: int, limits: Limits, where: str) -> None:
 
 
 def _check_entry(entry: dict[str, Any], where: str) -> None:
-    """An entry must be one the core reads (B-3), with a name a terminal or a path cannot be fooled by."""
+    """An entry must be one the core reads, with a name a terminal or a path cannot be fooled by."""
     name = entry.get('name')
     if entry.get('v') != ENTRY_VERSION or entry.get('kind') not in KINDS or 'payload' not in entry:
         raise ExportInvalid(f'{where}: not an entry of format version {ENTRY_VERSION} (v, name, kind, payload)')

@@ -1,10 +1,10 @@
-"""Failure fences: where a retry stops replaying, because a run failed or a result could not be kept (F, JF-5).
+"""Failure fences: where a retry stops replaying, because a run failed or a result could not be kept.
 
 A run that fails writes its `meta` record, the fence the next attempt respects: the position from which
 it runs live (`diverge_from`), how far the run got, and whether the model's answers were to blame. Which
 position that is follows from where the error came from (a step's body, noted as it raised, or the model),
-how far the run recorded, and the fence an earlier failure left (F-2..F-5). A step whose result could not
-be journaled leaves a fence of its own at its position (JF-5). The rules are here; the run supplies the facts.
+how far the run recorded, and the fence an earlier failure left. A step whose result could not
+be journaled leaves a fence of its own at its position. The rules are here; the run supplies the facts.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class RunMeta:
 
 
 class ErrorNotes:
-    """Where each error a step's body raised came from, so a failure is traced to its step (W-5, F-2)."""
+    """Where each error a step's body raised came from, so a failure is traced to its step."""
 
     def __init__(self) -> None:
         self._notes: dict[int, tuple[BaseException, int]] = {}
@@ -82,7 +82,7 @@ def next_meta(
     saved: Container[int],
     next_position: int,
 ) -> dict[str, Any]:
-    """The `meta` record a failed run leaves for the next attempt (F-3..F-5).
+    """The `meta` record a failed run leaves for the next attempt.
 
     `tried_max` is the highest position the run tried to write, `last_model` its last model step, `saved`
     the positions it wrote, `next_position` the first it never claimed.

@@ -1,4 +1,4 @@
-"""An execution's attempts as its record lists them: who ran each and when, and how it ended (UI-2).
+"""An execution's attempts as its record lists them: who ran each and when, and how it ended.
 
 The record keeps the last few attempts so the console can show an execution's attempts and place its steps
 on each attempt's own time axis; nothing replays from it, so a record without it (written before it was

@@ -1,4 +1,4 @@
-"""Writing an execution into a journal from a snapshot: import, copy and fork (XP-2, XP-3).
+"""Writing an execution into a journal from a snapshot: import, copy and fork.
 
 The target key is taken under a lease of its own first, so an import racing a live attempt is refused and
 an attempt that starts meanwhile finds the key busy; the lease is renewed as an attempt's is, however long
@@ -128,7 +128,7 @@ async def _stored(keeper: LeaseKeeper, write: Callable[..., Awaitable[bool]]) ->
 
 
 async def read_stable_snapshot(journal: Journal, key: str) -> Snapshot | None:
-    """A snapshot that two reads in a row agree on, so a fork of a running execution is consistent (XP-3)."""
+    """A snapshot that two reads in a row agree on, so a fork of a running execution is consistent."""
     previous = await read_snapshot(journal, key)
     for _ in range(_STABLE_TRIES):
         if previous is None:
@@ -153,7 +153,7 @@ def _same(a: Snapshot, b: Snapshot) -> bool:
 
 
 def fork_snapshot(snapshot: Snapshot, *, run: str, at: int) -> Snapshot:
-    """The steps before `at` of top-level run `run`, with every run that started before it (XP-3).
+    """The steps before `at` of top-level run `run`, with every run that started before it.
 
     Runs nested in a step (code mode) come with that step. The cut run keeps a failure fence only where it
     lies before `at`; its usage comes from the snapshots its kept entries carry, and its argument pool,

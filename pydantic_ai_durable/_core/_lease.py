@@ -1,9 +1,9 @@
 """Leases: an attempt's hold on its execution, and the one renewer per journal that keeps them all.
 
-An attempt may only run steps while it holds its execution (B-5, B-10). Each attempt has a
+An attempt may only run steps while it holds its execution. Each attempt has a
 `LeaseKeeper`: it takes the lease, knows its fencing epoch and whether it still holds it. The renewing
 is not the keeper's: a process holding a thousand executions in one journal renews them with one
-`LeaseRenewer`, one statement per interval, on the package's background loop (CC-2), which keeps
+`LeaseRenewer`, one statement per interval, on the package's background loop, which keeps
 running when the user's loop is busy. Before each step's body the attempt asks `ensure()`: a clock read
 while the lease is fresh, a renewal of its own when the renewer has fallen behind (a paused process).
 """
@@ -48,14 +48,14 @@ class LeaseKeeper:
         self.holder = holder
         self.ttl = ttl
         self.epoch = 0
-        """The epoch every write of this attempt carries (B-9); 0 until the lease is taken."""
+        """The epoch every write of this attempt carries; 0 until the lease is taken."""
         self.lost: DurableError | None = None
         """Set once the attempt may not go on: `LeaseLost` (another holder, a deletion) or `JournalUnavailable`
-        (renewals kept failing until the lease lapsed). Every later step stops with it (B-10, CC-4)."""
+        (renewals kept failing until the lease lapsed). Every later step stops with it."""
         self.due = 0.0
         """On `local_clock()`: when the renewer should renew this lease next."""
         self.retired = False
-        """Set when the attempt stopped renewing: a renewal answer that arrives later means nothing (CC-3)."""
+        """Set when the attempt stopped renewing: a renewal answer that arrives later means nothing."""
         self._valid_until = 0.0
         """On `local_clock()`: until when the lease surely holds (from before the last renewal was sent)."""
         self._renewer: LeaseRenewer | None = None
@@ -82,7 +82,7 @@ class LeaseKeeper:
         self.due = sent + self.ttl / 3
 
     def answer(self, sent: float, lease: Lease | None) -> None:
-        """Take the store's answer to a renewal sent at `sent`: still ours, or lost to someone (B-10)."""
+        """Take the store's answer to a renewal sent at `sent`: still ours, or lost to someone."""
         if self.retired or self.lost is not None:
             return
         if lease is None or (lease.holder, lease.epoch) != (self.holder, self.epoch):
@@ -157,7 +157,7 @@ class LeaseKeeper:
         if self.epoch and not isinstance(self.lost, LeaseLost):
             try:
                 await self.journal.release_lease(self.key, self.holder, self.epoch)
-            except Exception as exc:  # an ended attempt's lease is taken over at once anyway (JF-3)
+            except Exception as exc:  # an ended attempt's lease is taken over at once anyway
                 log.debug('releasing the lease of %r failed: %r', self.key, exc)
 
 

@@ -20,7 +20,7 @@ __all__ = ('Pool', 'gather_pool', 'matchable')
 
 @dataclass
 class Pool:
-    """The recorded tool results a diverged run may still hand out by tool name and arguments (DV-2).
+    """The recorded tool results a diverged run may still hand out by tool name and arguments.
 
     Each result stands for one side effect (its `origin`) and serves at most one call, earliest recorded
     first. `saved` lists them with their positions, as the run record `pool` keeps them safe from the
@@ -46,7 +46,7 @@ class Pool:
         return waiting.popleft()
 
     def servable(self, calls: Iterable[str]) -> list[str]:
-        """Those of `calls` the pool could serve, each result counted once: for crediting usage ahead (U-19)."""
+        """Those of `calls` the pool could serve, each result counted once: for crediting usage ahead."""
         left = Counter(self.calls)
         served: list[str] = []
         for call in calls:
@@ -67,14 +67,14 @@ def gather_pool(
     used: set[str],
     serves: Callable[[Any], bool],
 ) -> Pool:
-    """The recorded tool results this attempt has not used, from the entries and the run record `pool` (DV-2).
+    """The recorded tool results this attempt has not used, from the entries and the run record `pool`.
 
     `stored` is the `pool` record, `recorded` the run's recorded entries (the `matchable` ones suffice),
     `waiting` those still waiting at a position this run may replay (it has not diverged), which are left to
     that position, and `used` the origins this attempt replayed already. A result serves later calls only
-    when it stands for a completed call: not one whose record holds only masked secrets (K-8), and not a
+    when it stands for a completed call: not one whose record holds only masked secrets, and not a
     payload `serves` does not count as a result (a recorded retry or failure would lead down the old error
-    path). A fence (JF-5) is kept: a call that matches it stops, as at its position.
+    path). A fence is kept: a call that matches it stops, as at its position.
     """
     candidates: list[tuple[int, dict[str, Any]]] = []
     items = stored.get('entries') if stored is not None else None
@@ -98,7 +98,7 @@ def gather_pool(
 
 def matchable(entry: Mapping[str, Any]) -> bool:
     """Whether an entry is a tool result with the call and origin argument matching needs (entries of
-    releases before DV-2 have neither)."""
+    releases before argument matching have neither)."""
     return entry['kind'] == 'tool' and isinstance(entry.get('origin'), str) and isinstance(entry.get('call'), str)
 
 

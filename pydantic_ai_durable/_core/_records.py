@@ -34,10 +34,10 @@ Kind = Literal['model', 'tool', 'other']
 KINDS: tuple[Kind, ...] = ('model', 'tool', 'other')
 
 ENTRY_VERSION = 1
-"""Format version written into every entry, run record and execution record (B-3)."""
+"""Format version written into every entry, run record and execution record."""
 
 IMPORTING = 'importing'
-"""The execution record's field an import writes first and drops in its last write (XP-2): `{"at": epoch seconds}`.
+"""The execution record's field an import writes first and drops in its last write: `{"at": epoch seconds}`.
 
 While the record holds it, what is stored under the key is an import under way, or what one left when it was
 killed: never an execution an attempt may replay.
@@ -45,12 +45,12 @@ killed: never an execution an attempt may replay.
 
 
 def is_importing(record: object) -> bool:
-    """Whether an execution record is an import's mark: an import under way, or what a killed one left (XP-2)."""
+    """Whether an execution record is an import's mark: an import under way, or what a killed one left."""
     return isinstance(record, dict) and IMPORTING in record
 
 
 def check_not_importing(key: str, record: object) -> None:
-    """Refuse an execution whose record is an import's mark: what is stored is not an execution (XP-2).
+    """Refuse an execution whose record is an import's mark: what is stored is not an execution.
 
     An import that is still running holds the lease, so whoever reads the mark without it reads what a killed
     import left: part of the runs. Replaying it would run the rest live as if it were a real execution.
@@ -67,7 +67,7 @@ def check_not_importing(key: str, record: object) -> None:
 
 
 def parse_entry(value: Any) -> dict[str, Any] | None:
-    """An entry as the core reads it, or `None` when its version or shape is unknown (B-3)."""
+    """An entry as the core reads it, or `None` when its version or shape is unknown."""
     if not isinstance(value, dict) or value.get('v') != ENTRY_VERSION:
         return None
     if not isinstance(value.get('name'), str) or value.get('kind') not in KINDS or 'payload' not in value:
@@ -79,7 +79,7 @@ def parse_entry(value: Any) -> dict[str, Any] | None:
 
 
 def missing_links(entries: Mapping[int, Any]) -> dict[int, int]:
-    """Positions a later entry was written after and that are no longer stored: each, with that entry's (EN-3).
+    """Positions a later entry was written after and that are no longer stored: each, with that entry's.
 
     Every entry names in `after` the highest position of its run that was stored when it was written. A run
     may leave a position empty (a step not recorded, or still running when its process died), but a position
@@ -95,7 +95,7 @@ def missing_links(entries: Mapping[int, Any]) -> dict[int, int]:
 
 
 def readable(value: Any, what: str) -> dict[str, Any] | None:
-    """`value` if it is a record of this format version, else `None` after one WARNING naming `what` (B-3)."""
+    """`value` if it is a record of this format version, else `None` after one WARNING naming `what`."""
     if isinstance(value, dict) and value.get('v') == ENTRY_VERSION:
         return value
     log.warning('%s was written in a format this version cannot read; it is ignored.', what)
@@ -105,7 +105,7 @@ def readable(value: Any, what: str) -> dict[str, Any] | None:
 def latest_spend(candidates: Iterable[Any]) -> dict[str, Any] | None:
     """The spend snapshot with the highest `seq`: snapshots only grow, so that is the newest.
 
-    A snapshot is `{"seq": int, "usage": {...}}`; one of another shape is ignored with a WARNING (B-3).
+    A snapshot is `{"seq": int, "usage": {...}}`; one of another shape is ignored with a WARNING.
     """
     best: dict[str, Any] | None = None
     for candidate in candidates:

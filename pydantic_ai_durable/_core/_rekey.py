@@ -5,7 +5,7 @@ it) and every write is fenced like an attempt's. Entries and run records go firs
 record last; a rewrite killed halfway leaves each value sealed under either key, both readable while
 the old key stays listed, and running it again finishes the job. An execution with a value that does not
 open (damaged, altered, or sealed under a key not given) is skipped and reported, and the rewrite goes on
-with the next one (B-6).
+with the next one.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class RekeyReport:
     """Executions that held plain values and are now sealed: the store may keep the old text until it
     reclaims the space (PostgreSQL's old row versions, SQLite's free pages)."""
     marker_cleared: bool = False
-    """With `decrypt`: every value is plain now, and the journal no longer refuses journals without keys (EN-6)."""
+    """With `decrypt`: every value is plain now, and the journal no longer refuses journals without keys."""
 
 
 async def rekey(
@@ -47,7 +47,7 @@ async def rekey(
     """Rewrite every execution the journal holds through its own write path, so that it is sealed anew.
 
     `decrypt` (a journal given its keys in `decrypt` mode) writes every value back in plain text instead,
-    and once all of them are, clears the journal's marker of encryption (EN-6).
+    and once all of them are, clears the journal's marker of encryption.
     """
     report = RekeyReport()
     for info in await journal.list_executions():

@@ -1,14 +1,14 @@
-"""Deciding deferred calls from anywhere: `resolve_calls`, `pending_calls` and the deadline pass (WT-2, WT-5).
+"""Deciding deferred calls from anywhere: `resolve_calls`, `pending_calls` and the deadline pass.
 
 A web handler or a script decides a call with the journal and the execution key alone: no agent, no history.
 The decision is written into the execution record under a lease of the resolver's own, so it is fenced like
-any write (B-9), and a resolver never writes while an attempt runs: it waits for the attempt to end (one that
+any write, and a resolver never writes while an attempt runs: it waits for the attempt to end (one that
 starts while calls are pending ends waiting again at once), and a later attempt applies it. The checks and
 the write happen under that lease, so two resolvers of one call are serialised: the first decision stands,
 the same decision again is accepted, a different one is refused.
 
-The resolver that decides the last pending call may send the execution on to a worker (`dispatch=True`,
-WT-4) through this process's dispatcher: the fleet core installs its `redispatch` when it is imported
+The resolver that decides the last pending call may send the execution on to a worker (`dispatch=True`)
+through this process's dispatcher: the fleet core installs its `redispatch` when it is imported
 (`set_dispatcher`), since the journal core knows no job queue.
 """
 
@@ -78,7 +78,7 @@ def set_dispatcher(dispatcher: Dispatcher | None) -> Dispatcher | None:
 
 @dataclass(frozen=True)
 class Resolution:
-    """What one call of `resolve` did, and what the execution still waits on (WT-2).
+    """What one call of `resolve` did, and what the execution still waits on.
 
     `completed` says this resolution decided the execution's last pending call: a dispatcher that starts the
     execution again acts on it, and only one resolver of an execution ever sees it for one wait.
@@ -94,7 +94,7 @@ class Resolution:
     metadata: dict[str, Any] | None = None
     """The execution's metadata (`execution(key, metadata=...)`): what a worker needs to start it again."""
     dispatched: bool = False
-    """Whether this resolution sent the execution on to a worker (`dispatch=True`, and `completed`, WT-4)."""
+    """Whether this resolution sent the execution on to a worker (`dispatch=True`, and `completed`)."""
 
     @property
     def ready(self) -> bool:
@@ -103,11 +103,11 @@ class Resolution:
 
     @property
     def completed(self) -> bool:
-        """Whether this resolution decided the last pending call (WT-2)."""
+        """Whether this resolution decided the last pending call."""
         return self.ready and bool(self.decided)
 
     def as_json(self) -> dict[str, Any]:
-        """What `approve --json` prints and the console's API answers (WT-2, UI-7)."""
+        """What `approve --json` prints and the console's API answers."""
         return {
             'key': self.key,
             'decided': list(self.decided),
@@ -155,7 +155,7 @@ async def resolve_calls(
     decided differently already, or a decision does not fit the call's kind. Nothing is written then.
 
     With `dispatch=True`, the resolution that decides the last pending call (`completed`) then sends the
-    execution on to a worker through this process's dispatcher (WT-4); a `DurableError` before anything is
+    execution on to a worker through this process's dispatcher; a `DurableError` before anything is
     written when there is none. A send that fails raises `DurableError` after the decisions are recorded:
     they stand, and the fleet's sweep sends the execution once its `resume_after` has passed.
     """
@@ -292,7 +292,7 @@ def _utc(epoch: float | None) -> str | None:
 
 
 def call_json(call: DeferredCall) -> dict[str, Any]:
-    """A deferred call as JSON: one shape for `show --json`, `list --json` and the console's API (WT-1, UI-6)."""
+    """A deferred call as JSON: one shape for `show --json`, `list --json` and the console's API."""
     decision = call.decision
     return {
         'call_id': call.call_id,

@@ -1,4 +1,4 @@
-"""Which retention an execution gets, and the small JSON object it may carry (FN-1, FN-4).
+"""Which retention an execution gets, and the small JSON object it may carry (FN-4).
 
 The period is the execution's (`execution(retention=...)`), else its journal's (`DiskJournal(retention=...)`
 and the others), else seven days; `None` keeps it until it is pruned by hand. `FROM_JOURNAL` is the

@@ -2,8 +2,8 @@
 
 `Attempt.start_run` creates a run from one read of what earlier attempts recorded under its key; each
 `claim` then decides synchronously from that snapshot whether the step at the next position replays
-(parallel steps take positions in start order, P-2). The run sees its attempt through `AttemptView`,
-hands out `Step`s, and leaves argument matching (DV-2) to `_pool`, the failure rules to `_fences`, and
+(parallel steps take positions in start order). The run sees its attempt through `AttemptView`,
+hands out `Step`s, and leaves argument matching to `_pool`, the failure rules to `_fences`, and
 every write (live steps, kept replays, fences, records, the failure meta) to its `RunWriter`.
 """
 
@@ -28,7 +28,7 @@ __all__ = ('DIVERGENCE_MODES', 'DivergenceMode', 'Run', 'check_divergence_mode')
 log = logging.getLogger('pydantic_ai_durable')
 
 DivergenceMode = Literal['run_live', 'raise']
-"""What a run does at its first mismatch: run live with argument-matched replay (DV-2), or stop (DV-3)."""
+"""What a run does at its first mismatch: run live with argument-matched replay, or stop."""
 DIVERGENCE_MODES: tuple[DivergenceMode, ...] = ('run_live', 'raise')
 
 
@@ -51,7 +51,7 @@ def _refuse_missing(execution: str, run: str, snapshot: RunSnapshot) -> None:
 
 
 def check_divergence_mode(value: object) -> None:
-    """Refuse an `on_divergence` that is neither `None`, `"run_live"` nor `"raise"` (DV-3)."""
+    """Refuse an `on_divergence` that is neither `None`, `"run_live"` nor `"raise"`."""
     if value is not None and value not in DIVERGENCE_MODES:
         raise ValueError(f"on_divergence must be 'run_live' or 'raise', not {value!r}.")
 
@@ -96,9 +96,9 @@ class Run:
                 sorted(unreadable),
             )
         self._recorded = frozenset(self._entries)
-        """Positions of every readable entry of the snapshot; claims pop `_entries`, this stays whole (DV-2, DV-3)."""
+        """Positions of every readable entry of the snapshot; claims pop `_entries`, this stays whole."""
         self._results = {position: entry for position, entry in self._entries.items() if matchable(entry)}
-        """The recorded tool results argument matching may hand out (DV-2): kept whole, not every entry, so a
+        """The recorded tool results argument matching may hand out: kept whole, not every entry, so a
         replay holds only what it may still need once its claims popped `_entries` (PERF-3)."""
         self._meta = RunMeta.parse(self._record('meta'))
         self.spend_snapshot = latest_spend(
@@ -109,22 +109,22 @@ class Run:
         self.diverged = False
         self.start = start
         """Fingerprint of what the run was started with (prompt, history); recorded with its first step."""
-        self._previous_replayed = self._started_alike()  # M-5: the start is the first verified step
+        self._previous_replayed = self._started_alike()  # the start is the first verified step
         self.writes = RunWriter(attempt, state, key, self.records, start, stored=snapshot.entries)
         """Every write of this run: live steps, kept replays, fences, records (`_run_writes`)."""
         self._last_model_position: int | None = None
         self.on_divergence: DivergenceMode = on_divergence
         self.stopped: ReplayDiverged | None = None
-        """Set when the run diverged under `on_divergence="raise"`: every later claim raises it again (DV-3)."""
+        """Set when the run diverged under `on_divergence="raise"`: every later claim raises it again."""
         self._used: set[str] = set()
-        """Origins of the recorded results this attempt replayed, by position or by arguments (DV-2)."""
+        """Origins of the recorded results this attempt replayed, by position or by arguments."""
         self._pool: Pool | None = None
 
     def __repr__(self) -> str:
         return f'Run({self.attempt.key!r}, {self.key!r}, next_position={self.next_position})'
 
     def _record(self, name: str) -> dict[str, Any] | None:
-        """A run record the core can read; one of an unknown version or shape is ignored with a WARNING (B-3)."""
+        """A run record the core can read; one of an unknown version or shape is ignored with a WARNING."""
         if name not in self.records:
             return None
         return readable(self.records[name], f'Execution {self.attempt.key!r} run {self.key}: its {name} record')
@@ -138,13 +138,13 @@ class Run:
     def claim(
         self, name: str, kind: Kind, fingerprint: str | None, *, replayable: bool = True, call: str | None = None
     ) -> Step:
-        """Take the next position and decide whether it replays (M-1..M-7, DV-2). Never awaits.
+        """Take the next position and decide whether it replays (M-1..M-7). Never awaits.
 
         `call` is a tool call's digest of name and arguments: after a divergence it lets the step replay
-        a recorded result of the same call made at another position (DV-2). Raises instead when the
-        attempt may no longer run steps (B-10, JF-2), when an earlier attempt left a fence for this call
-        because its result could not be journaled (JF-5), or when the run diverged under
-        `on_divergence="raise"` (DV-3).
+        a recorded result of the same call made at another position. Raises instead when the
+        attempt may no longer run steps, when an earlier attempt left a fence for this call
+        because its result could not be journaled, or when the run diverged under
+        `on_divergence="raise"`.
         """
         self.attempt.check(self.state)
         if self.stopped is not None:
@@ -156,7 +156,7 @@ class Run:
         step = Step(self, position, name, kind, fingerprint, replayable, call=call)
         entry = self._match(step)
         if entry is None and call is not None and replayable and (self.diverged or position not in self._recorded):
-            entry = self._match_arguments(step)  # DV-2: after a divergence, or where nothing was recorded (M-3)
+            entry = self._match_arguments(step)  # after a divergence, or where nothing was recorded
         if entry is None:
             # M-6 (amended): a step that opted out, or whose record cannot stand in for its result, runs live
             # by design; it says nothing about the run, so the step after it is judged by what came before.
@@ -209,7 +209,7 @@ class Run:
             self._diverge(step, 'request differs (prompt, model, settings, tools, arguments, history)')
             return None
         if step.fingerprint is None and not self._previous_replayed:
-            return None  # M-5: unverifiable and not chained to a verified replay
+            return None  # unverifiable and not chained to a verified replay
         if 'unjournalable' in entry:
             self._honour_fence(step, entry)
             return None
@@ -219,7 +219,7 @@ class Run:
         return entry
 
     def _honour_fence(self, step: Step, entry: dict[str, Any]) -> None:
-        """A step whose side effect ran but whose result could not be journaled: stop, or rerun on request (JF-5)."""
+        """A step whose side effect ran but whose result could not be journaled: stop, or rerun on request."""
         honour_unjournalable(
             entry,
             rerun=self.attempt.rerun_unjournalable,
@@ -233,8 +233,8 @@ class Run:
     def _diverge(self, step: Step, reason: str, *, mismatch: bool = True) -> None:
         """Stop replaying by position (D-1); under `on_divergence="raise"` a mismatch stops the run instead (DV-3).
 
-        A fence left by a failed attempt (F-7) is no mismatch: the agent did not change, the retry re-runs
-        what failed. From here on, tool calls may still replay by their arguments (DV-2).
+        A fence left by a failed attempt is no mismatch: the agent did not change, the retry re-runs
+        what failed. From here on, tool calls may still replay by their arguments.
         """
         self.stats.divergences.append(Divergence(self.key, step.position, step.name, reason))
         if mismatch and self.on_divergence == 'raise':
@@ -263,7 +263,7 @@ class Run:
         )
 
     def _gather_pool(self, *, protect: bool) -> Pool:
-        """The recorded tool results this attempt has not used (DV-2), see `gather_pool`.
+        """The recorded tool results this attempt has not used, see `gather_pool`.
 
         With `protect`, results not yet in the `pool` record are written there before this attempt writes
         over any position (`RunWriter._protect_pool`).
@@ -288,13 +288,13 @@ class Run:
             return None
         self._used.add(entry['origin'])
         if 'unjournalable' in entry:
-            self._honour_fence(step, entry)  # JF-5 by arguments: raises, or runs it once more on request
+            self._honour_fence(step, entry)  # a fence found by arguments: raises, or runs the step once more on request
             return None
         step.by_arguments = True
         return entry
 
     def servable(self, calls: Iterable[str]) -> list[str]:
-        """Those of these call digests a diverged run would replay by arguments now (U-19); none before it diverged."""
+        """Those of these call digests a diverged run would replay by arguments now; none before it diverged."""
         return self._pool.servable(calls) if self._pool is not None and self.diverged else []
 
     def peek(self, position: int) -> dict[str, Any] | None:
@@ -307,7 +307,7 @@ class Run:
         return self._entries.get(position)
 
     def reject(self, step: Step, reason: str = 'recorded result no longer loads') -> None:
-        """Turn a replayed step live: its payload no longer loads (X-2) or no longer holds (DV-1); else no-op (X-3)."""
+        """Turn a replayed step live: its payload no longer loads or no longer holds; else no-op (X-3)."""
         if not step.replayed:
             return
         step.replayed = False
@@ -341,7 +341,7 @@ class Run:
     # -- failure ---------------------------------------------------------------------------------
 
     async def fail(self, error: BaseException, *, model_at_fault: bool) -> None:
-        """Write the fence the next attempt must respect after this run failed (F-1..F-6)."""
+        """Write the fence the next attempt must respect after this run failed."""
         await self.writes.fail(
             error,
             model_at_fault=model_at_fault,

@@ -1,9 +1,9 @@
 """What a run writes: live steps' entries, replays kept by arguments, fences, run records, the failure meta.
 
 `Run` reads what earlier attempts recorded and decides, claim by claim, what replays; this module holds
-the other half, every write the run makes through its attempt's guard (B-10, JF-1, JF-2), with the state
+the other half, every write the run makes through its attempt's guard, with the state
 only writing needs: how far the run recorded, what it saved, the errors its steps raised, and the unused
-recorded results to copy into the `pool` record before the first write that could cover one (DV-2).
+recorded results to copy into the `pool` record before the first write that could cover one.
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ class RunWriter:
         """The run's records as read at its start, updated by every record this run writes."""
         self.start = start
         self.unsaved_pool: list[dict[str, Any]] | None = None
-        """Unused recorded results the `pool` record lacks, set when the run diverges (DV-2)."""
+        """Unused recorded results the `pool` record lacks, set when the run diverges."""
         self._tried_max = -1
         self._saved: set[int] = set()
         self._stored = sorted(stored)
-        """Positions of the run known to be stored: read at its start, or acknowledged since (EN-3)."""
+        """Positions of the run known to be stored: read at its start, or acknowledged since."""
         self._errors = ErrorNotes()
         self._pool_lock: asyncio.Lock | None = None
 
@@ -66,11 +66,11 @@ class RunWriter:
     ) -> bool:
         """Save a live step's payload (W-1..W-4) and return whether it was stored.
 
-        A store that keeps failing stops the attempt with `JournalUnavailable` (JF-2), and the step is
+        A store that keeps failing stops the attempt with `JournalUnavailable`, and the step is
         reported as not recorded; a payload the journal cannot encode raises `JournalError` after leaving
-        a fence (JF-5).
+        a fence.
         `spend` is a snapshot of the run's live spend (with an int `seq`) that rides along with the
-        entry, so counting a step's usage costs no write of its own; so does `sent`, what the step was asked (XP-5).
+        entry, so counting a step's usage costs no write of its own; so does `sent`, what the step was asked.
         """
         if not step.replayable:
             return False
@@ -91,10 +91,10 @@ class RunWriter:
             saved = False
         else:
             try:
-                # DV-2: the unused recorded results are kept safe before this write can cover one of them.
+                # The unused recorded results are kept safe before this write can cover one of them.
                 saved = await self._protect_pool() and await self._write_entry(step, entry)
             except JournalUnavailable:
-                stats.not_recorded.append((step.kind, step.name))  # it ran; the attempt stops here (JF-2)
+                stats.not_recorded.append((step.kind, step.name))  # it ran; the attempt stops here
                 raise
         if saved is False:
             error = ResultNotJournalable(
@@ -115,8 +115,8 @@ class RunWriter:
             'name': step.name,
             'kind': step.kind,
             'fingerprint': step.fingerprint,
-            't': time.time(),  # when it was recorded, for inspection (CLI-1)
-            'a': self.attempt.number,  # the attempt that wrote it, and when its body started (UI-2)
+            't': time.time(),  # when it was recorded, for inspection
+            'a': self.attempt.number,  # the attempt that wrote it, and when its body started
         }
         if step.started is not None:
             entry['s'] = step.started
@@ -124,9 +124,9 @@ class RunWriter:
             entry['start'] = self.start
         below = bisect.bisect_left(self._stored, step.position)
         if below:
-            entry['after'] = self._stored[below - 1]  # EN-3: deleting that entry now shows
+            entry['after'] = self._stored[below - 1]  # deleting that entry now shows
         if step.call is not None:
-            entry['call'] = step.call  # DV-2: what a later, diverged attempt matches a call by
+            entry['call'] = step.call  # what a later, diverged attempt matches a call by
             entry['origin'] = step.origin
         return entry
 
@@ -142,7 +142,7 @@ class RunWriter:
         return written
 
     async def keep(self, step: Step) -> None:
-        """Write a step replayed by arguments at its own position, with the recorded result (DV-2).
+        """Write a step replayed by arguments at its own position, with the recorded result.
 
         The next attempt of the same (changed) agent then replays it by position like any other step,
         and every step after it too, instead of diverging here again. The entry keeps the origin of the
@@ -154,7 +154,7 @@ class RunWriter:
             self._saved.add(step.position)
 
     async def fence(self, step: Step, error: BaseException) -> None:
-        """Record that `step` ran but its result cannot be journaled, so a retry stops there (JF-5).
+        """Record that `step` ran but its result cannot be journaled, so a retry stops there.
 
         The side effect already happened; without this entry a retry would silently run it again.
         Never raises: the caller raises the error that explains what went wrong.
@@ -182,8 +182,8 @@ class RunWriter:
         """Before the first write that could overwrite a recorded result, keep the unused ones in the `pool` record.
 
         A diverged attempt writes its steps at positions where earlier results lie; without this copy, a
-        crash after such a write would leave the next attempt without a result whose side effect happened
-        (DV-2). Written once per diverged attempt, and only when it holds results the record lacks.
+        crash after such a write would leave the next attempt without a result whose side effect happened.
+        Written once per diverged attempt, and only when it holds results the record lacks.
         """
         if self.unsaved_pool is None:
             return True
@@ -199,7 +199,7 @@ class RunWriter:
         return True
 
     async def write_record(self, name: str, value: dict[str, Any]) -> bool:
-        """Store a run-level record (usage, meta); a store that keeps failing stops the attempt (JF-2)."""
+        """Store a run-level record (usage, meta); a store that keeps failing stops the attempt."""
         stored = {'v': ENTRY_VERSION, **value}
         saved = await self.attempt.store(
             self.state,
@@ -213,7 +213,7 @@ class RunWriter:
     # -- failure ---------------------------------------------------------------------------------
 
     def note_error(self, step: Step, error: BaseException) -> None:
-        """Remember that a step's body raised `error` while the run's next position was what it is now (W-5)."""
+        """Remember that a step's body raised `error` while the run's next position was what it is now."""
         self._errors.note(error, step.run.next_position)
 
     async def fail(
@@ -239,4 +239,4 @@ class RunWriter:
             saved=self._saved,
             next_position=next_position,
         )
-        await self.write_record('meta', new_meta)  # F-6: a refused write is ignored
+        await self.write_record('meta', new_meta)  # a refused write is ignored

@@ -1,4 +1,4 @@
-"""What an attempt reports: each step replayed or live, where its runs diverged, and the counts (S-1, S-2, D-3).
+"""What an attempt reports: each step replayed or live, where its runs diverged, and the counts.
 
 A user sees these as `Execution.stats` and in the one INFO line per attempt; the test harness judges a
 resume by them. They are plain values the run appends to as it claims and records, kept apart from the
@@ -21,7 +21,7 @@ class StepOutcome:
     """How one step of this attempt went: `replayed` from the journal, or run `live`.
 
     `by_arguments` marks a replay after a divergence: the step got the recorded result of an earlier call
-    with the same tool name and arguments instead of running again (DV-2).
+    with the same tool name and arguments instead of running again.
     """
 
     run: str
@@ -52,14 +52,14 @@ class Stats:
 
     replayed: Counter[str] = field(default_factory=Counter)
     replayed_by_arguments: Counter[str] = field(default_factory=Counter)
-    """The part of `replayed` served by tool name and arguments after a divergence (DV-2)."""
+    """The part of `replayed` served by tool name and arguments after a divergence."""
     recorded: Counter[str] = field(default_factory=Counter)
     not_recorded: list[tuple[str, str]] = field(default_factory=list)
     steps: list[StepOutcome] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
 
     def summary(self) -> str:
-        """The INFO line of S-2."""
+        """The one INFO line an attempt logs at its end: what it replayed and recorded, per kind (S-2)."""
 
         def counts(counter: Counter[str]) -> str:
             return ', '.join(f'{counter[kind]} {kind}' for kind in KINDS)

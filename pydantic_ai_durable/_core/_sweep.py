@@ -6,11 +6,11 @@ a stalled-job check), which can take an hour. The sweep bounds that: an executio
 released, and only then given to `dispatch`, which enqueues it again from its metadata. The claim and
 the mark make concurrent sweeps (one per worker) dispatch each execution once; a dispatch that is lost
 after the mark is retried once `idle` has passed again. The claim lasts no longer than the sweep's own
-period, so a sweeping process that dies holding it delays that execution by one period at most (FL-8).
+period, so a sweeping process that dies holding it delays that execution by one period at most.
 
 An execution that waits and whose every call is decided is ready to go on: `resolve(..., dispatch=True)`
 sends it at once, and the sweep sends it the same way as an interrupted one, once `idle` has passed since
-the decision, so a resolver that died before its send leaves nothing stuck (WT-4). One that still waits
+the decision, so a resolver that died before its send leaves nothing stuck. One that still waits
 on a call is never sent.
 """
 
@@ -32,7 +32,7 @@ __all__ = ('DISPATCHED', 'sweep_interrupted')
 log = logging.getLogger('pydantic_ai_durable')
 
 DISPATCHED = 'dispatched'
-"""The execution record's field a sweep writes: `{"attempt": n, "at": epoch seconds}` (FL-3)."""
+"""The execution record's field a sweep writes: `{"attempt": n, "at": epoch seconds}`."""
 
 _CLAIM_MAX = 30.0
 """The most seconds a claim lasts by default, whatever `idle` is."""
@@ -52,7 +52,7 @@ async def sweep_interrupted(
     An execution is dispatched when no attempt wrote to it for `idle` seconds and no sweep dispatched it in
     the last `idle` seconds (or since, an attempt started). So is a waiting execution whose every call is
     decided, `idle` seconds after the last decision (at once when this sweep's deadlines decided it), and
-    never one that still waits on a call (WT-4). `dispatch` gets the execution as
+    never one that still waits on a call. `dispatch` gets the execution as
     `list_executions` shows it (its key and `metadata`) and must enqueue a task that enters
     `execution(key)` again; a dispatch that raises is logged and retried by a later sweep
     once `idle` has passed. An execution that a live attempt holds, that ended meanwhile, or that another
@@ -70,8 +70,8 @@ async def sweep_interrupted(
     if not isinstance(claim_ttl, (int, float)) or isinstance(claim_ttl, bool) or not claim_ttl > 0:
         raise ValueError(f'claim_ttl must be a positive number of seconds, not {claim_ttl!r}.')
     listed = await journal.list_executions(state=('interrupted', 'waiting'))
-    # WT-5: calls pending past their deadline are denied, whatever else the sweep does; an execution whose last
-    # call that decided is ready now, as after a resolve that sends it (WT-4).
+    # Calls pending past their deadline are denied, whatever else the sweep does; an execution whose last
+    # call that decided is ready now, as after a resolve that sends it.
     waiting = [info for info in listed if info.state == 'waiting']
     decided = {resolution.key for resolution in await deny_listed(journal, waiting) if resolution.completed}
     now = time.time()

@@ -1,9 +1,9 @@
-"""Moving executions between journals: export, import, copy and fork (XP-1..XP-5).
+"""Moving executions between journals: export, import, copy and fork.
 
 A recorded run is the best debugging and evaluation data a team has; these calls carry one from the
 production store to a laptop, or cut it at a step so the tail runs live again. They work on any journal
 through the protocol, and keep encryption at rest: a sealed journal exports ciphertext unless plaintext
-is asked for by someone who holds the keys (EN-1).
+is asked for by someone who holds the keys.
 """
 
 from __future__ import annotations
@@ -59,12 +59,12 @@ async def import_execution(
     encryption: Encryption | None = None,
     limits: Limits | None = None,
 ) -> ImportReport:
-    """Write an exported execution into `journal`, under `key` or its own key: all of it or nothing (XP-2).
+    """Write an exported execution into `journal`, under `key` or its own key: all of it or nothing.
 
     The whole document is checked first (`ExportInvalid`); an existing execution is replaced only with
     `force`, a running one never (`ImportRefused`). A sealed document is opened with `encryption`, by
     default the journal's own keys, and written through the journal, which seals it anew if it has keys.
-    Text is read one stored value at a time (XP-4); an import killed part way leaves a record that every
+    Text is read one stored value at a time; an import killed part way leaves a record that every
     attempt refuses and the next import replaces.
     """
     limits = limits or Limits()
@@ -76,7 +76,7 @@ async def import_execution(
 async def copy_execution(
     source: Journal, target: Journal, key: str, *, as_key: str | None = None, force: bool = False
 ) -> ImportReport:
-    """Copy execution `key` from `source` to `target` (as `as_key`), checked as an import is (XP-2)."""
+    """Copy execution `key` from `source` to `target` (as `as_key`), checked as an import is."""
     document = await export_execution(source, key, plaintext=True)
     return await import_execution(target, document, key=as_key, force=force)
 

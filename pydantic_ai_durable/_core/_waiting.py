@@ -36,7 +36,7 @@ class Deferral:
     tool_metadata: dict[str, Any] | None = None
     request: dict[str, Any] | None = None
     timeout: float | None = None
-    """Seconds the call may wait before the sweep denies it (WT-5); `None`: for ever."""
+    """Seconds the call may wait before the sweep denies it; `None`: for ever."""
 
 
 def _calls(record: dict[str, Any]) -> dict[str, Any]:
@@ -99,7 +99,7 @@ def note_deferred(record: dict[str, Any], run: str, deferrals: Sequence[Deferral
 
 
 def note_answered(record: dict[str, Any], run: str, call_ids: Iterable[str]) -> None:
-    """Note that run `run` gave these calls their results without a recorded decision (the app's own way, WT-3)."""
+    """Note that run `run` gave these calls their results without a recorded decision (the app's own way)."""
     calls = record.get(DEFERRED)
     if not isinstance(calls, dict):
         return
@@ -116,7 +116,7 @@ def note_answered(record: dict[str, Any], run: str, call_ids: Iterable[str]) -> 
 def decisions_for(
     record: dict[str, Any], run: str, asked: Sequence[tuple[str, str, str, CallKind]]
 ) -> dict[str, CallDecision]:
-    """The recorded decisions for the calls `(call id, tool name, digest, kind)` a run is now waiting on (WT-3).
+    """The recorded decisions for the calls `(call id, tool name, digest, kind)` a run is now waiting on.
 
     All or nothing: unless every one of them was noted by this run, for this tool, these arguments and this kind
     of decision, and is decided, the answer is empty and the run ends waiting again without running anything.

@@ -4,7 +4,7 @@ Leases must be renewed while the user's event loop is busy (a CPU-bound tool, sy
 awaits), and a database connection belongs to the event loop that opened it. So lease renewers and
 `PostgresJournal`'s connection pools live on one event loop of the package's own, in one daemon thread,
 started when the first user needs it and stopped when the last one lets go: a process holding nothing
-runs no thread of ours, and one holding a thousand executions runs exactly one (CC-2).
+runs no thread of ours, and one holding a thousand executions runs exactly one.
 """
 
 from __future__ import annotations

@@ -15,5 +15,5 @@ DEADLINE: ContextVar[float | None] = ContextVar('pydantic_ai_durable.deadline', 
 """When the caller stops retrying the journal call it makes, on `local_clock()`, or `None`.
 
 A backend that may wait inside a call waits no longer than this, so a journal that cannot be reached
-stops an attempt after `write_timeout`, as a failing write does (JF-2).
+stops an attempt after `write_timeout`, as a failing write does.
 """

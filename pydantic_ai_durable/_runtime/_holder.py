@@ -1,4 +1,4 @@
-"""Lease holders: who an attempt is, and when a store may call a holder dead (B-5, B-12).
+"""Lease holders: who an attempt is, and when a store may call a holder dead (B-5).
 
 A holder is `host:pid:process-token:serial`. The process token is random per process (a forked child
 gets a new one), so an attempt of this process is recognised by the token, never by a pid that
@@ -83,7 +83,7 @@ def end_holding(holder: str) -> None:
 
 
 def ours_and_ended(holder: str) -> bool:
-    """Whether `holder` is an attempt of this very process that has ended (B-5, JF-3)."""
+    """Whether `holder` is an attempt of this very process that has ended (JF-3)."""
     with _state:
         return is_this_process(holder) and holder not in _live
 

@@ -1,4 +1,4 @@
-"""The fleet core: what every adapter of durable agents to a job queue shares (FL-7).
+"""The fleet core: what every adapter of durable agents to a job queue shares.
 
 An adapter (`pydantic_ai_durable.celery`, `pydantic_ai_durable.procrastinate`, or one of your own for
 Dramatiq, arq or RQ) holds only what is its queue's. Per app it makes one `Fleet` (`fleet_of`) with how
@@ -6,7 +6,7 @@ to send a task again from its `Delivery`; it registers each durable task (`Fleet
 delivery in its execution (`Fleet.run`, `Fleet.run_sync`), turns the journal errors those raise into its
 queue's retries (`retry_after`), and sweeps in every worker (`SweepThread`, or `sweep_on_this_loop` on a
 worker's event loop). `redispatch` sends one execution's task again from what it recorded; importing this
-package makes it what `resolve(..., dispatch=True)` sends a decided execution with (WT-4). A delivery
+package makes it what `resolve(..., dispatch=True)` sends a decided execution with. A delivery
 whose execution ends waiting returns a `Waiting`. docs/fleet.md walks through an adapter.
 """
 

@@ -1,4 +1,4 @@
-"""A delivery: one piece of work a queue hands a worker, and the metadata its execution records (FL-1, FL-12).
+"""A delivery: one piece of work a queue hands a worker, and the metadata its execution records.
 
 The execution key is the task's name and the id the queue keeps over retries and redeliveries. The
 metadata holds everything needed to send the task again (the engine, the task, the id, its arguments and
@@ -18,7 +18,7 @@ from .. import DurableError
 __all__ = ('FIXED_FIELDS', 'METADATA_BYTES', 'Delivery', 'execution_key')
 
 FIXED_FIELDS = ('engine', 'task', 'id', 'args', 'kwargs')
-"""The metadata fields a later delivery of the same execution must bring unchanged (FL-12)."""
+"""The metadata fields a later delivery of the same execution must bring unchanged."""
 
 METADATA_BYTES = 16 * 1024
 """The most bytes of JSON a delivery's metadata may take (the limit of an execution's metadata)."""
@@ -47,7 +47,7 @@ class Delivery:
         return execution_key(self.task, self.id)
 
     def metadata(self) -> dict[str, Any]:
-        """What the execution records: JSON of at most 16 KiB, else `DurableError` before anything runs (FL-1)."""
+        """What the execution records: JSON of at most 16 KiB, else `DurableError` before anything runs."""
         metadata = {
             'engine': self.engine,
             'task': self.task,

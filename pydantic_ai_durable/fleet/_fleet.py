@@ -2,10 +2,10 @@
 
 An adapter makes one `Fleet` per app (`fleet_of`), giving it the one thing only the adapter knows: how to
 send a task again from its recorded `Delivery`, plus, if its broker needs it, a recovery of its own that
-each sweep round runs (FL-7). Everything else is here once: the settings of each task, the execution every
-delivery runs in (`run`, `run_sync`) and what it returns when the execution ends waiting (WT-4), the wait
-of a delivery that has no queue to retry it (FL-9), the sweep over the executions left interrupted or
-decided (FL-3, FL-8, WT-4), and `redispatch`, which sends one execution's task again from its metadata.
+each sweep round runs. Everything else is here once: the settings of each task, the execution every
+delivery runs in (`run`, `run_sync`) and what it returns when the execution ends waiting, the wait
+of a delivery that has no queue to retry it, the sweep over the executions left interrupted or
+decided, and `redispatch`, which sends one execution's task again from its metadata.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ Recover = Callable[[], Awaitable[list[str]]]
 """A recovery of the adapter's own broker, run after each sweep round; returns the keys it sent again."""
 
 _POLL = 0.5
-"""The most seconds a delivery that waits for a busy execution (FL-9) sleeps between two tries."""
+"""The most seconds a delivery that waits for a busy execution sleeps between two tries."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class Fleet:
         """The execution the delivery runs in: keyed by task and id, its metadata fixed by the first delivery."""
         # Imported here, not with the module: `execution` loads pydantic-ai, and a worker must be able to load
         # an adapter, and refuse a pool or a process it cannot run in, before anything imports pydantic-ai
-        # (under eventlet's patching, a dependency of pydantic-ai fails to import at all: FL-10).
+        # (under eventlet's patching, a dependency of pydantic-ai fails to import at all).
         from .. import execution
 
         task = self.task(delivery.task)
@@ -135,7 +135,7 @@ class Fleet:
 
         Returns what `body()` returned, unless the execution ended waiting for a decision: then a `Waiting`
         (`{"state": "waiting", "key": ..., "pending": [call ids]}`), which any queue's JSON serializer takes,
-        in place of pydantic-ai's `DeferredToolRequests` (WT-4). A delivery the queue can retry raises the
+        in place of pydantic-ai's `DeferredToolRequests`. A delivery the queue can retry raises the
         journal's errors for `retry_after` to judge. One it cannot (`wait=True`: Celery's `.apply()`, an
         eager app, a direct call) waits for a busy execution's holder at most one `lease_ttl`, long enough
         for a dead holder to be taken over, then raises `ExecutionBusy` naming the holder (FL-9).
@@ -169,10 +169,10 @@ class Fleet:
 
     async def sweep(self) -> list[str]:
         """One round: send again each execution of these tasks left interrupted, or waiting with every call
-        decided (WT-4), then run the adapter's recovery.
+        decided, then run the adapter's recovery.
 
         Executions are grouped by journal and `resume_after`; each is claimed for no longer than the
-        sweep's period, so a sweeping process that dies holding a claim delays it by one period at most (FL-8).
+        sweep's period, so a sweeping process that dies holding a claim delays it by one period at most.
         Returns the keys sent again.
         """
         groups: dict[tuple[int, float], tuple[Journal, set[str]]] = {}
@@ -200,7 +200,7 @@ class Fleet:
 
 
 def _outcome(delivery: Delivery, handle: Execution, value: _T) -> _T | Waiting:
-    """What a delivery returns: the body's value, or `Waiting` when its execution ended waiting (WT-4)."""
+    """What a delivery returns: the body's value, or `Waiting` when its execution ended waiting."""
     pending = handle.waiting_on
     if pending:
         log.info('Execution %r waits on %s; its delivery ends, and a decision sends it on.', delivery.key, pending)

@@ -1,4 +1,4 @@
-"""Where a fleet's sweep runs: a thread of a worker's main process, or a task on a worker's event loop (FL-3).
+"""Where a fleet's sweep runs: a thread of a worker's main process, or a task on a worker's event loop.
 
 A worker whose main process runs no event loop (Celery, RQ, Dramatiq) starts a `SweepThread`; a worker
 that is an event loop (Procrastinate, arq) calls `sweep_on_this_loop` from any coroutine it runs. Either

@@ -47,7 +47,7 @@ def execution_id(key: str) -> str:
 def state_of(record: dict[str, Any] | None, *, leased: bool) -> ExecutionState:
     """Running while a live lease exists; otherwise what the last attempt said, `interrupted` if it said nothing.
 
-    A waiting execution holds no lease, so it is never taken for an interrupted one (WT-1).
+    A waiting execution holds no lease, so it is never taken for an interrupted one.
 
     `leased` must be judged as the engine judges a takeover (the store's clock, and a holder the store can
     prove dead is not a live one), so a killed holder shows as `interrupted` exactly when a retry would take
@@ -71,7 +71,7 @@ class Listed(NamedTuple):
     problem: str | None
     """Why the record could not be read (`corrupt`, or sealed under keys not given), else `None`."""
     pending: tuple[DeferredCall, ...]
-    """For a waiting execution, the calls it still waits on (WT-1)."""
+    """For a waiting execution, the calls it still waits on."""
 
 
 def listed(sealer: Sealer, key: str, text: object, *, leased: bool, wanted: frozenset[ExecutionState]) -> Listed | None:
@@ -87,9 +87,9 @@ def described(sealer: Sealer, key: str, record: dict[str, Any] | None, *, leased
     """One execution's state, metadata, problem and pending calls, from its stored record (`None`: none).
 
     It is `corrupt` exactly when an attempt would refuse it: its sealed part fails authentication, or, in a
-    journal given keys, it does not decode (EN-3); the reason goes with it, and the listing of every other
-    execution goes on (B-6). Without keys a record that does not decode reads as absent, as an attempt reads
-    it (B-3), and one the keys cannot open keeps its state; both say why in `problem`.
+    journal given keys, it does not decode; the reason goes with it, and the listing of every other
+    execution goes on. Without keys a record that does not decode reads as absent, as an attempt reads
+    it, and one the keys cannot open keeps its state; both say why in `problem`.
     """
     state = state_of(record, leased=leased)
     try:
@@ -148,7 +148,7 @@ def page_of(
     limit: int,
     offset: int,
 ) -> ExecutionPage:
-    """A page cut from a whole listing, for a store small enough to list (memory) (B-17)."""
+    """A page cut from a whole listing, for a store small enough to list (memory)."""
     wanted = wanted_states(state)
     check_page(limit, offset)
     matching = [info for info in infos if (info.key == key if key is not None else info.key.startswith(prefix))]

@@ -1,4 +1,4 @@
-"""The calls an execution waits on, as its record lists them: one reader for listings, the core and the CLI (WT-1).
+"""The calls an execution waits on, as its record lists them: one reader for listings, the core and the CLI.
 
 A run that ends with tool calls waiting for a person's approval or for an outside result leaves them in its
 execution record, under `DEFERRED`, with the decision each gets once it is resolved. Everything that shows
@@ -24,7 +24,7 @@ DecisionSource = Literal['resolve', 'deadline']
 
 @dataclass(frozen=True)
 class CallDecision:
-    """How a deferred call was decided, by whom and when: the audit trail `show` prints (WT-2)."""
+    """How a deferred call was decided, by whom and when: the audit trail `show` prints."""
 
     kind: DecisionKind
     """`approved` (the tool runs), `denied` (the model is told `message`), or `result` (`value` is its return)."""
@@ -33,7 +33,7 @@ class CallDecision:
     by: str | None = None
     """Who decided, as the resolver named itself (`resolve(..., by=...)`, the CLI's `--by`), or `None`."""
     via: DecisionSource = 'resolve'
-    """`resolve` (a person or a program), or `deadline` (still pending past its deadline, WT-5)."""
+    """`resolve` (a person or a program), or `deadline` (still pending past its deadline)."""
     message: str | None = None
     """For a denial: what the model is told."""
     override_args: dict[str, Any] | None = None
@@ -53,7 +53,7 @@ class CallDecision:
         return stored
 
     def same_as(self, other: CallDecision) -> bool:
-        """Whether `other` decides the same way (who and when aside): a repeated resolution is accepted (WT-2)."""
+        """Whether `other` decides the same way (who and when aside): a repeated resolution is accepted."""
         return (self.kind, self.message, self.override_args, self.value) == (
             other.kind,
             other.message,
@@ -64,7 +64,7 @@ class CallDecision:
 
 @dataclass(frozen=True)
 class DeferredCall:
-    """One tool call a run of the execution deferred: what it asks, since when, and its decision once made (WT-1)."""
+    """One tool call a run of the execution deferred: what it asks, since when, and its decision once made."""
 
     call_id: str
     tool_name: str
@@ -77,13 +77,13 @@ class DeferredCall:
     since: float
     """Epoch seconds when the run ended waiting on it."""
     deadline: float | None = None
-    """Epoch seconds after which the sweep denies it (WT-5); `None`: it waits for ever."""
+    """Epoch seconds after which the sweep denies it; `None`: it waits for ever."""
     metadata: dict[str, Any] | None = None
     """The metadata the deferral carried (`ApprovalRequired(metadata=...)`, `CallDeferred(metadata=...)`)."""
     tool_metadata: dict[str, Any] | None = None
     """The tool's own metadata, as its definition declares it."""
     request: dict[str, Any] | None = None
-    """What the call asks, validated, when a known capability deferred it (an `AskUserRequest` as JSON, WT-6)."""
+    """What the call asks, validated, when a known capability deferred it (an `AskUserRequest` as JSON)."""
     decision: CallDecision | None = None
     answered_in: str | None = None
     """A later run of the execution that gave this call its result without a recorded decision (the app's own way)."""
@@ -127,7 +127,7 @@ def decision_of(value: object) -> CallDecision | None:
 
 
 def deferred_calls(record: dict[str, Any] | None, *, pending_only: bool = False) -> list[DeferredCall]:
-    """Every call the record lists as deferred, decided or not, oldest first; a malformed one is skipped (B-3).
+    """Every call the record lists as deferred, decided or not, oldest first; a malformed one is skipped.
 
     `pending_only` skips the decided and answered ones before reading them (a listing reads thousands).
     """

@@ -1,9 +1,9 @@
 """A disk journal's directory: opened only while it is the journal's, written only while it is the one opened.
 
-A directory every user may write would let anyone plant entries a retry replays as recorded answers
-(B-16). A database found empty, replaced or truncated beside the journal's id file means the recorded
-steps are gone, and opening it as an empty journal would run them all again (JF-4). A directory moved or
-replaced while an attempt runs must not receive its writes (B-15). `DiskJournal` opens its cache through
+A directory every user may write would let anyone plant entries a retry replays as recorded answers.
+A database found empty, replaced or truncated beside the journal's id file means the recorded
+steps are gone, and opening it as an empty journal would run them all again. A directory moved or
+replaced while an attempt runs must not receive its writes. `DiskJournal` opens its cache through
 `open_cache`, then checks the directory with `check_directory` and remembers its `place_of`.
 """
 
@@ -35,7 +35,7 @@ _SYNCHRONOUS: dict[Durability, int] = {'process': 1, 'power': 2}
 """SQLite `synchronous` per durability: NORMAL (a commit survives a process kill), FULL (also power loss)."""
 
 _IDENTITY_KEY = 'journal'
-"""The journal's id inside its database; the same id is kept in `_MARKER` beside it (JF-4)."""
+"""The journal's id inside its database; the same id is kept in `_MARKER` beside it."""
 _MARKER = 'journal-id'
 _WARNED_GROUP_WRITABLE: set[str] = set()
 """Journal directories whose group write permission was reported, once per process."""
@@ -46,7 +46,7 @@ class _Cache(JournalCache):
 
 
 def open_cache(path: Path, durability: Durability, mode: int) -> Any:
-    """The journal's cache in `path`, once the database there is proven to be this journal's or a new one (JF-4)."""
+    """The journal's cache in `path`, once the database there is proven to be this journal's or a new one."""
     _refuse_truncated_database(path)
     cache = _Cache(
         str(path),
@@ -67,7 +67,7 @@ def open_cache(path: Path, durability: Durability, mode: int) -> Any:
 
 
 def check_directory(path: Path, mode: int, durability: Durability) -> None:
-    """After opening: refuse a directory anyone may write (B-16), and make its entries durable for `"power"`."""
+    """After opening: refuse a directory anyone may write, and make its entries durable for `"power"`."""
     _check_directory_mode(path, mode)
     if durability == 'power':  # the database file's name, and the directory's own
         _sync_directory(path)
@@ -75,7 +75,7 @@ def check_directory(path: Path, mode: int, durability: Durability) -> None:
 
 
 def place_of(path: Path) -> tuple[int, int]:
-    """The directory's device and inode: what tells it from another directory later put at its path (B-15)."""
+    """The directory's device and inode: what tells it from another directory later put at its path."""
     found = os.stat(path)
     return found.st_dev, found.st_ino
 
@@ -137,7 +137,7 @@ def _lost_store(path: Path, what: str) -> JournalUnavailable:
 
 
 def _refuse_truncated_database(path: Path) -> None:
-    """A zero-length database where a journal was is a lost one: SQLite would start an empty one over it (JF-4).
+    """A zero-length database where a journal was is a lost one: SQLite would start an empty one over it.
 
     Without the id file beside it, an empty database is a creation that was interrupted (the file is
     made with its mode first, then initialised), so it is simply created.

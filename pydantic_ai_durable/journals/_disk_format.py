@@ -1,4 +1,4 @@
-"""DiskJournal's storage: the one module that talks to diskcache and to SQLite (J-8, J-9, J-10).
+"""DiskJournal's storage: the one module that talks to diskcache and to SQLite.
 
 The rest of the disk journal gets a `JournalCache` and calls only diskcache's documented API on it and the
 statements defined here, each with the reason diskcache's API does not do its job; nothing else in the
@@ -9,11 +9,11 @@ SQLite's locks stay SQLite's (J-9): nothing opens, closes or locks `cache.db`, `
 SQLite (`_files.create_database`), since closing any descriptor of a file drops every lock the process
 holds on it; a forked child closes the connections it inherited before it opens its own.
 
-Rows that reading can never turn into code (J-8): `cache.db` is a file anyone who can write the directory
+Rows that reading can never turn into code: `cache.db` is a file anyone who can write the directory
 can plant rows in, and diskcache's own `Disk` would unpickle them, follow their side files and apply their
 settings. This format accepts exactly what the journal writes: `str` keys stored raw (any other reads as
 `BAD_KEY`, never unpickled), JSON text kept inline in `MODE_RAW` (any other row reads as `BAD_VALUE`, a
-value that does not decode, B-3), side files removed only when their name has diskcache's own shape and
+value that does not decode), side files removed only when their name has diskcache's own shape and
 they lie inside the directory, every setting pinned by the opener, and `trusted_schema=OFF` on every
 connection so a planted trigger or view cannot call an SQL function with side effects.
 """
@@ -58,7 +58,7 @@ TESTED_DISKCACHE = ('5.6.3', '5.7')
 """The diskcache releases the journal was tested with: from the first, up to the second not included.
 
 pyproject.toml bounds the dependency to the same range; a release outside it may store rows, or call the
-`Disk` hooks below, differently, so a journal refuses to open on it (J-10).
+`Disk` hooks below, differently, so a journal refuses to open on it.
 """
 DATABASE = 'cache.db'
 """The database in a journal directory (diskcache's `DBNAME`)."""
@@ -187,7 +187,7 @@ class JournalDisk(diskcache.Disk):  # type: ignore[misc]
     def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
         if mode == MODE_RAW and filename is None and not read and type(value) is str:
             return value
-        # The core reports the value that does not decode once (B-3); a second WARNING would be noise.
+        # The core reports the value that does not decode once; a second WARNING would be noise.
         if filename is not None:
             self._refuse(f'a value in a side file ({filename!r})', logging.DEBUG)
         elif mode != MODE_RAW:
@@ -302,7 +302,7 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
 
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[Callable[[], None]]:
-        """A savepoint in the open transaction; calling what it yields undoes what was written since (CC-9)."""
+        """A savepoint in the open transaction; calling what it yields undoes what was written since."""
         # Why raw (atomicity): `transact` nests without savepoints, so one refused write of a shared commit
         # could only roll back the whole commit, the other executions' writes with it.
         execute = self._con.execute
@@ -357,7 +357,7 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
 
     def entry_lengths(self) -> list[tuple[Any, int]]:
         """Every entry row's key and the length of its JSON text (0 for a row this format refuses)."""
-        # Why raw (speed): a listing needs every execution's step counts (WT-1: ten thousand waiting ones in
+        # Why raw (speed): a listing needs every execution's step counts (ten thousand waiting ones in
         # under a second); reading each position a head reserves would cost tens of reads per execution.
         return self._con.execute(
             "SELECT key, CASE WHEN mode = ? AND filename IS NULL AND typeof(value) = 'text' THEN length(value)"
@@ -404,7 +404,7 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
 
 
 _OPEN: weakref.WeakSet[JournalCache] = weakref.WeakSet()
-"""Every cache of this process, so that a forked child can close the connections it inherited (J-9)."""
+"""Every cache of this process, so that a forked child can close the connections it inherited."""
 
 
 def _close_inherited() -> None:
@@ -429,7 +429,7 @@ if hasattr(os, 'register_at_fork'):
     os.register_at_fork(after_in_child=_close_inherited)
 
 
-# -- the listing's statements (B-17) ---------------------------------------------------------------------------
+# -- the listing's statements ----------------------------------------------------------------------------------
 # Why raw (speed): a page among 100,000 executions is counted and sorted by SQLite through two partial indexes;
 # through the API every head, record and lease would be read into Python. `_disk_listing` runs them.
 

@@ -1,12 +1,12 @@
-"""A disk journal's layout: the keys of an execution, and its head, the index of which keys exist (J-6, FN-2).
+"""A disk journal's layout: the keys of an execution, and its head, the index of which keys exist.
 
-Every key starts with the execution's digest, so no two executions share one (J-6): `{eid}/h` the head,
+Every key starts with the execution's digest, so no two executions share one: `{eid}/h` the head,
 `{eid}/l` the lease, `{eid}/x` the execution record, `{eid}/e/{run}/{position}` entries and
 `{eid}/m/{run}/{name}` run records; `retain/<deadline>/<eid>` rows index finished executions by the end
-of their retention (FN-2). The head holds the original key, the last update and, per run, how far its
+of their retention. The head holds the original key, the last update and, per run, how far its
 positions may reach (`top`, reserved ahead in blocks, so a step's write is one `set`, not a
 read-modify-write of the head) and its records' names. `Heads` reads heads, rebuilds one that no longer
-reads (B-3), and remembers what each run's head covers, so that writes below it leave the head alone.
+reads, and remembers what each run's head covers, so that writes below it leave the head alone.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _HEAD_VERSION = 1
 RESERVE = 64
 """Positions a head reserves past the last one written: one head update per 64 steps of a run."""
 EXPIRY = 'retain/'
-"""Prefix of the retention index: `retain/<deadline in ms, 15 digits>/<eid>`, so keys sort by deadline (FN-2)."""
+"""Prefix of the retention index: `retain/<deadline in ms, 15 digits>/<eid>`, so keys sort by deadline."""
 _BATCH = 1000
 """Rows of the retention index read at a time."""
 
@@ -79,7 +79,7 @@ class Heads:
         """Per execution: when this object last wrote the head's `updated`."""
 
     def read(self, cache: Any, eid: str) -> dict[str, Any]:
-        """The execution's head; one that no longer reads is rebuilt from the keys it should list (B-3)."""
+        """The execution's head; one that no longer reads is rebuilt from the keys it should list."""
         stored = cache.get(f'{eid}/h')
         head = _json.loads_dict(stored)
         if head is not None and head.get('v') == _HEAD_VERSION and isinstance(head.get('runs'), dict):

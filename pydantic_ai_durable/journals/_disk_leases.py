@@ -1,11 +1,11 @@
 """A disk journal's leases: who holds an execution, until when by this host's boot clock, under which epoch.
 
 A lease is `{eid}/l`: holder, epoch, expiry on this host's boot clock (and the boot's id, so a lease from
-before a reboot is expired, B-11), and a wall-clock expiry for messages and for systems without a boot
+before a reboot is expired), and a wall-clock expiry for messages and for systems without a boot
 clock. Every acquisition takes the next value of one store-wide counter, so an epoch is never reused,
-and every write checks its epoch in its own transaction (B-9). A live holder keeps its lock file locked;
+and every write checks its epoch in its own transaction. A live holder keeps its lock file locked;
 a lock that can be taken proves the holder's process gone, in whatever pid namespace or container it
-ran (B-12).
+ran.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ._protocol import Lease
 __all__ = ('Held', 'fence', 'forget_process', 'held_alive', 'next_epoch', 'proved_dead', 'read_lease', 'store_lease')
 
 _EPOCH_KEY = 'epoch'
-"""The store-wide fencing counter: every lease acquisition takes the next value, none is ever reused (B-9)."""
+"""The store-wide fencing counter: every lease acquisition takes the next value, none is ever reused."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def store_lease(cache: Any, eid: str, holder: str, epoch: int, ttl: float) -> Le
 
 
 def next_epoch(cache: Any) -> int:
-    """Take the store's next fencing epoch; call inside the acquisition's transaction (B-9)."""
+    """Take the store's next fencing epoch; call inside the acquisition's transaction."""
     counter = _json.loads(cache.get(_EPOCH_KEY))
     epoch = (counter if type(counter) is int else 0) + 1
     cache.set(_EPOCH_KEY, _json.dumps(epoch))
@@ -101,7 +101,7 @@ def proved_dead(path: Path, holder: str) -> bool:
 
 
 def held_alive(path: Path, cache: Any, eid: str) -> bool:
-    """Whether a holder the engine would not take over holds the execution now (FN-3)."""
+    """Whether a holder the engine would not take over holds the execution now."""
     return alive(path, read_lease(cache, eid))
 
 

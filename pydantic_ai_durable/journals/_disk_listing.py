@@ -1,4 +1,4 @@
-"""A disk journal listed a page at a time (B-17), through two partial indexes over `cache.db`.
+"""A disk journal listed a page at a time, through two partial indexes over `cache.db`.
 
 Listing every execution reads every head, record and entry of the journal; an operator's screen needs one
 page of the most recently changed executions and how many there are in each state. Heads (`{eid}/h`) are
@@ -6,7 +6,7 @@ rewritten with every change of their execution, so the time SQLite stamps on a h
 executions by their last change; a partial index covering the heads' rows (`journal_heads`) reads them in
 that order, and another (`journal_leases`) finds the few lease rows without a scan. Both are derived data:
 created on the first listing, kept by SQLite from then on, and a journal that cannot take them (read-only)
-is still listed correctly, only slower. The statements are `_disk_format`'s (`ListingSql`, J-10); this
+is still listed correctly, only slower. The statements are `_disk_format`'s (`ListingSql`); this
 module runs them and judges what a live lease changes.
 """
 
@@ -28,7 +28,7 @@ __all__ = ('Listing',)
 
 
 def _bucket(status: object) -> str:
-    """The state of an execution no live lease holds, from the status its record holds (FN-3)."""
+    """The state of an execution no live lease holds, from the status its record holds."""
     return str(status) if status in RECORDED_STATES else 'interrupted'
 
 
@@ -62,7 +62,7 @@ class Listing:
         alive = [found for found in self.leased() if held_alive(self._path, self.cache, found)]
         counts: dict[ExecutionState, int] = dict.fromkeys(EXECUTION_STATES, 0)
         stored = self.counts(prefix, eid)
-        for held in alive:  # a live lease makes it running, whatever its record says (FN-3)
+        for held in alive:  # a live lease makes it running, whatever its record says
             bucket = self.bucket(held, prefix) if eid in (None, held) else None
             if bucket is not None and stored.get(bucket, 0) > 0:
                 stored[bucket] -= 1

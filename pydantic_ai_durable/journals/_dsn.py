@@ -1,4 +1,4 @@
-"""PostgreSQL connection strings with the password hidden, for reprs, log lines and errors (B-8).
+"""PostgreSQL connection strings with the password hidden, for reprs, log lines and errors.
 
 A password may hold `@`, `:`, `/`, spaces or quotes, and libpq itself cuts an unencoded URL password at
 its first `@` (the rest becomes the host name), so neither a regular expression nor libpq's own parse

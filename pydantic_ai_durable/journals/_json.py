@@ -79,7 +79,7 @@ def loads_record(text: object) -> dict[str, Any] | None:
     """Decode a stored record: `None` when nothing is stored, else a dict.
 
     A stored value that does not decode to an object comes back as a record of no known format version
-    (`{"v": None}`), so the core can tell it from a missing one and say so once (B-3).
+    (`{"v": None}`), so the core can tell it from a missing one and say so once.
     """
     if text is None:
         return None

@@ -5,14 +5,14 @@ journal is called from many: the user's, the lease renewer's, the short loops of
 `execution()` blocks. So every statement runs on one home loop: the package's background loop for a
 pool the journal opens itself (bounded by `max_size`, whatever the number of executions and loops),
 or the loop a user's own open pool was first used on. No transaction ever spans two callers: each
-statement or transaction takes a connection for its own duration (CC-1).
+statement or transaction takes a connection for its own duration.
 
 Fenced writes queue up and are committed together: whatever queued while the previous commit ran goes
-into the next transaction, so a thousand executions share commits instead of queueing a thousand (CC-6).
+into the next transaction, so a thousand executions share commits instead of queueing a thousand.
 A write is acknowledged only once the commit that holds it returned.
 
 A forked child (a Celery pool process, a gunicorn worker) inherits the parent's pool but none of its
-threads: it forgets the pool and opens its own, and never closes the parent's sockets (CC-7).
+threads: it forgets the pool and opens its own, and never closes the parent's sockets.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class Connections:
             return self._home
 
     def _wait(self) -> float | None:
-        """How long a call may wait for a connection: until the caller's retries end (JF-2), at least a second."""
+        """How long a call may wait for a connection: until the caller's retries end, at least a second."""
         deadline = DEADLINE.get()
         return None if deadline is None else max(_LEAST_WAIT, deadline - local_clock())
 
@@ -181,7 +181,7 @@ class Connections:
             try:
                 async with pool.connection(timeout=wait) as conn:
                     prepares = conn.prepare_threshold
-                    conn.prepare_threshold = None  # a user's pool too may sit behind PgBouncer (CC-8)
+                    conn.prepare_threshold = None  # a user's pool too may sit behind PgBouncer
                     try:
                         if conn.autocommit:
                             return await operation(conn)
@@ -228,7 +228,7 @@ class Connections:
         while self._queue:
             batch, self._queue = self._queue[:_BATCH], self._queue[_BATCH:]
             # A batch waits for its connection no longer than the most hurried of its writers, so a write
-            # reported as failed is never committed later (JF-2).
+            # reported as failed is never committed later.
             wait = min((write.wait for write in batch if write.wait is not None), default=None)
             try:
                 rows = await self._run_at_home(functools.partial(_commit_together, batch=batch), wait)

@@ -1,4 +1,4 @@
-"""A PostgreSQL journal listed: whole (`listing`), or a page at a time through indexes (B-17).
+"""A PostgreSQL journal listed: whole (`listing`), or a page at a time through indexes.
 
 The statements are `_pg_sql`'s (`page_counts`, `page_rows`, `page_sizes`); this module runs them and turns
 their rows into an `ExecutionPage`. The state of an execution is judged as `list_executions` judges it: a
@@ -119,7 +119,7 @@ async def fetch_all(conn: AsyncConnection[Any], statement: LiteralString) -> lis
 
 
 def listing(rows: list[tuple[Any, ...]], sealer: Sealer, wanted: frozenset[ExecutionState]) -> list[ExecutionInfo]:
-    """`list_executions` from the rows of `Sql.list`, by key; a record that does not open is `corrupt` (B-6)."""
+    """`list_executions` from the rows of `Sql.list`, by key; a record that does not open is `corrupt`."""
     infos: list[ExecutionInfo] = []
     for raw_key, text, leased, holder, retain_until, updated, runs, steps, size in rows:
         key = key_text(raw_key)

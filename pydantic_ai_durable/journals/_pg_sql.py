@@ -1,8 +1,8 @@
 """Every statement of `PostgresJournal`, rendered once per schema.
 
 The schema name enters a statement only through identifier quoting, so each statement is a
-`LiteralString` built from text written here. Times are the server's clock (B-11), and every write is
-fenced by the writer's lease epoch in the statement itself (B-9).
+`LiteralString` built from text written here. Times are the server's clock, and every write is
+fenced by the writer's lease epoch in the statement itself.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ SCHEMA_VERSION = 4
 """The layout this code writes; a database at a newer version is refused (it was migrated by a newer release).
 
 Version 2 added fencing epochs and the lease holder's database session; version 3 added when a finished
-execution's retention ends, with an index (FN-2); version 4 the record's status in a column of its
-own, with an index, so a page of the listing is counted and sorted without reading every record (B-17), and
-the marker of a journal given keys (EN-6).
+execution's retention ends, with an index; version 4 the record's status in a column of its
+own, with an index, so a page of the listing is counted and sorted without reading every record, and
+the marker of a journal given keys.
 Older schemas are upgraded in place, and releases that only know an older version then refuse the
 database, so no writer remains that ignores what was added.
 """
@@ -89,7 +89,7 @@ class Sql:
             f"INSERT INTO {s}.executions (eid, key) VALUES (%(eid)s, '') ON CONFLICT (eid) DO NOTHING"
         )
         self.probe_epochs: LiteralString = f"SELECT nextval('{s}.lease_epochs')"
-        # B-9: every write first updates the execution row where the writer's epoch is the current one.
+        # Every write first updates the execution row where the writer's epoch is the current one.
         # The row lock serialises it with a takeover, which re-evaluates the condition after waiting.
         fence = (
             f'UPDATE {s}.executions SET updated = {now} WHERE eid = %(eid)s AND lease_epoch = %(epoch)s RETURNING eid'
@@ -106,7 +106,7 @@ class Sql:
             'SELECT eid, %(run)s, %(name)s, %(value)s FROM fence '
             'ON CONFLICT (eid, run, name) DO UPDATE SET value = EXCLUDED.value RETURNING 1'
         )
-        # A finished record's retention is counted by the server's clock from this write (B-11, FN-2).
+        # A finished record's retention is counted by the server's clock from this write.
         self.write_execution: LiteralString = (
             f'UPDATE {s}.executions SET record = %(value)s, updated = {now}, status = %(status)s, '
             f'retain_until = {now} + %(retention)s::double precision '
@@ -133,10 +133,10 @@ class Sql:
         self.delete_records: LiteralString = f'DELETE FROM {s}.run_records WHERE eid = ANY(%(eids)s)'
         # B-13: judged by the server's clock, in the statement that deletes (the row lock keeps a
         # concurrent acquire out until it commits).
-        # B-13: judged by the server's clock, in the statement that deletes (the row lock keeps a
+        # Judged by the server's clock, in the statement that deletes (the row lock keeps a
         # concurrent acquire out until it commits). Retention reads its partial index, oldest first (FN-2).
         # The time as a sub-select is computed once, before the scan, so it bounds an index scan; the
-        # volatile clock itself would be compared row by row, reading the whole index (FN-2).
+        # volatile clock itself would be compared row by row, reading the whole index.
         once = f'(SELECT {now})'
         not_live = f'(lease_expires IS NULL OR lease_expires <= {now})'
         self.prune_expired: LiteralString = (
@@ -163,7 +163,7 @@ class Sql:
             LEFT JOIN e ON e.eid = x.eid LEFT JOIN r ON r.eid = x.eid LEFT JOIN u ON u.eid = x.eid
             WHERE x.record IS NOT NULL OR e.n IS NOT NULL OR r.n IS NOT NULL
         """
-        # B-17: a page of the listing. What a live lease makes running is judged by the server's clock; the
+        # A page of the listing. What a live lease makes running is judged by the server's clock; the
         # rest by the status column, written with the record. The key filter is a byte range: the keys that
         # start with a prefix, which the planner can estimate, where a computed prefix it cannot.
         live = f'coalesce(lease_expires > (SELECT {now}), false)'  # the clock read once, not row by row
@@ -200,9 +200,9 @@ class Sql:
         )
         # A holder is dead when its lease expired by the server's clock, or when it is an ended attempt
         # of the acquiring process (`take_over`). Its database session proves nothing: a session ends
-        # when the server restarts or a pooled connection is closed, while the holder runs on (CC-4).
+        # when the server restarts or a pooled connection is closed, while the holder runs on.
         # The session columns of schema version 2 are left empty, so no older release reads them either.
-        # EN-6: a journal without keys (`keyed` false) takes no lease in a schema marked as given keys, and
+        # A journal without keys (`keyed` false) takes no lease in a schema marked as given keys, and
         # every lease taken reads the marker in the same statement, so its holder can mark the schema.
         self.acquire: LiteralString = (
             f'INSERT INTO {s}.executions AS x (eid, key, lease_holder, lease_expires, lease_epoch) '
@@ -223,7 +223,7 @@ class Sql:
         self.read_leases: LiteralString = (
             f'SELECT eid, lease_holder, lease_expires, lease_epoch FROM {s}.executions WHERE eid = ANY(%(eids)s)'
         )
-        # Every lease a process holds in this schema, in one statement (CC-2); rows are locked in key order,
+        # Every lease a process holds in this schema, in one statement; rows are locked in key order,
         # the order every batch of writes takes them in, so two batches never wait on each other in a circle.
         self.renew: LiteralString = (
             f'UPDATE {s}.executions AS x SET lease_expires = {now} + v.ttl '

@@ -1,8 +1,8 @@
 """What crosses the wire to PostgreSQL: keys as bytes, text the server can hold, and refusals that are the value's.
 
-A write the database refuses for its value is never retried (J-2), while any other error is a fault the core
+A write the database refuses for its value is never retried, while any other error is a fault the core
 retries; telling them apart by SQLSTATE, and catching what cannot be sent before it is sent, keeps a fault of
-the server or of a pooler in between from fencing a step for good (CC-8).
+the server or of a pooler in between from fencing a step for good.
 """
 
 from __future__ import annotations

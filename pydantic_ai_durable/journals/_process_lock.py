@@ -2,8 +2,8 @@
 
 A lease on disk names its holder, `host:pid:token:serial` (see `_holder`). Whether that holder's process
 still lives is proved through a file the process keeps locked with `flock`: the kernel drops the lock
-when the process dies, whatever pid namespace or container it ran in (B-12). One file serves every
-lease a process holds in one journal directory (CC-2), so a process running a thousand executions keeps
+when the process dies, whatever pid namespace or container it ran in. One file serves every
+lease a process holds in one journal directory, so a process running a thousand executions keeps
 one descriptor, not a thousand.
 """
 

@@ -27,9 +27,9 @@ __all__ = (
 
 ExecutionState = Literal['running', 'interrupted', 'waiting', 'failed', 'finished', 'corrupt']
 """`running`: a live lease; `interrupted`: started, not finished, no live lease (its process died or lost
-the journal); `waiting`: the last attempt ended with tool calls waiting for a decision (WT-1); `failed`: the
+the journal); `waiting`: the last attempt ended with tool calls waiting for a decision; `failed`: the
 last attempt ended with an exception; `finished`: the last attempt succeeded; `corrupt`: its execution
-record does not decode or fails authentication, so nothing of it runs (B-6)."""
+record does not decode or fails authentication, so nothing of it runs."""
 
 EXECUTION_STATES: tuple[ExecutionState, ...] = ('running', 'interrupted', 'waiting', 'failed', 'finished', 'corrupt')
 RECORDED_STATES: tuple[ExecutionState, ...] = ('waiting', 'failed', 'finished')
@@ -89,14 +89,14 @@ class ExecutionInfo:
     retain_until: float | None = None
     """For a finished execution: epoch seconds after which retention deletes it (`None`: kept until pruned)."""
     pending: tuple[DeferredCall, ...] = ()
-    """For a waiting execution: the tool calls it still waits on, read from its record alone (WT-1)."""
+    """For a waiting execution: the tool calls it still waits on, read from its record alone."""
     problem: str | None = None
     """Why its record could not be read: set for a `corrupt` execution, and for one sealed under keys not given."""
 
 
 @dataclass(frozen=True)
 class ExecutionPage:
-    """One page of `page_executions` (B-17): its executions, the most recently changed first, and the counts."""
+    """One page of `page_executions`: its executions, the most recently changed first, and the counts."""
 
     executions: list[ExecutionInfo]
     counts: dict[ExecutionState, int]
@@ -112,18 +112,18 @@ class ExecutionPage:
 class Journal(Protocol):
     """Storage for executions: entries per run and position, run records, one execution record, a lease.
 
-    Every write is fenced (B-9): it carries the epoch of the writer's lease and stores nothing,
+    Every write is fenced: it carries the epoch of the writer's lease and stores nothing,
     raising `LeaseLost`, unless that epoch is the execution's current one, checked in the same
     transaction as the write. A write returns `True` once stored, `False` for a value it cannot encode
     (J-2, never retried), and raises on any failure of the store itself, which the core retries. A
     write that returned `True` survives a SIGKILL of the process the next instant (B-2). Reads raise
     when the store cannot be read; a stored value that does not decode comes back as `None` (or
-    whatever non-dict it decodes to), which the core reads as a miss and reports once (J-3, B-3).
+    whatever non-dict it decodes to), which the core reads as a miss and reports once.
     Calls come from any event loop of the process: the user's, and the package's background loop,
-    which renews leases (CC-2). A backend reads three fields of the execution record it stores: `status`
+    which renews leases. A backend reads three fields of the execution record it stores: `status`
     (`running`, `waiting`, `failed`, `finished`) for listing, for a finished execution `retention` (seconds,
-    or `None`), from which it keeps, by its own clock, when retention deletes it (FN-2), and for a waiting
-    one the calls it waits on (`_deferred`, WT-1).
+    or `None`), from which it keeps, by its own clock, when retention deletes it, and for a waiting
+    one the calls it waits on (`_deferred`).
     """
 
     async def open(self) -> None:
@@ -161,10 +161,10 @@ class Journal(Protocol):
     async def list_executions(
         self, *, state: ExecutionState | Collection[ExecutionState] | None = None
     ) -> list[ExecutionInfo]:
-        """Every execution with something stored, in one state or several if asked, sorted by key (FN-3).
+        """Every execution with something stored, in one state or several if asked, sorted by key.
 
         A worker fleet lists `interrupted` executions to dispatch them again; an operator lists them all. One
-        execution whose record cannot be read is listed as `corrupt` with its `problem`, never raised (B-6).
+        execution whose record cannot be read is listed as `corrupt` with its `problem`, never raised.
         """
         ...
 
@@ -190,9 +190,9 @@ class Journal(Protocol):
         """Take the lease on `key` for `ttl` seconds (by the store's clock) and return the lease now in force.
 
         It is `holder`'s, under a new epoch, when the lease was free, expired, already `holder`'s, held by
-        a holder proved dead (B-5), or `force` is set; otherwise it is the live lease of someone else.
+        a holder proved dead, or `force` is set; otherwise it is the live lease of someone else.
         The check and the write are one atomic step across processes. Every writer takes a lease first, so
-        a backend that encrypts checks the store's marker of encryption here, in the same step (EN-6).
+        a backend that encrypts checks the store's marker of encryption here, in the same step.
         """
         ...
 
@@ -201,7 +201,7 @@ class Journal(Protocol):
 
         Returns, in the order asked, the lease now in force for each key (`None`: none), so a renewal
         refused because another holder took over is told apart from one that went through. Raises when
-        the store cannot be reached; the renewer then retries (B-10). One process renews every lease it
+        the store cannot be reached; the renewer then retries. One process renews every lease it
         holds in a journal with one call per interval (CC-2).
         """
         ...
@@ -222,7 +222,7 @@ class Journal(Protocol):
         `older_than=None` deletes finished executions whose retention ended (their record's `retention`
         counted from when it was written), those that ended first first, through an index, so that the
         automatic prune after each successful execution costs the same in a journal of ten or ten
-        thousand executions (FN-2). Otherwise it deletes executions in `states` (`interrupted`, `failed`,
+        thousand executions. Otherwise it deletes executions in `states` (`interrupted`, `failed`,
         `finished`) not written for `older_than` seconds. `limit` bounds how many are deleted.
         """
         ...

@@ -6,7 +6,7 @@ clear only what the engine and the CLI must read without keys: versions, names, 
 The sealed text is authenticated together with the execution key, the value's place and its clear fields,
 so an altered byte, an edited name or a value copied to another place fails to open instead of replaying.
 A store once written with keys keeps a marker of it, which a journal object without keys is refused by
-before it takes a lease (EN-6), so no plain value lands beside sealed ones.
+before it takes a lease, so no plain value lands beside sealed ones.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ SEALED = 'sealed'
 _ENTRY_CLEAR = frozenset({'v', 'name', 'kind', 't', 'a', 's', 'matched', 'origin'})
 """What an entry keeps in clear: how the CLI names and dates a step, never what it was asked or returned.
 Fingerprints are sealed too: a digest of a short secret (a PIN in a prompt, a tool argument) is a dictionary
-lookup away, and the engine only compares them once the entry is open (EN-1)."""
+lookup away, and the engine only compares them once the entry is open."""
 _EXECUTION_SEALED = frozenset({'metadata', 'deferred'})
 """What an execution record seals: the rest is bookkeeping every backend reads (status, retention, runs); the calls
-it waits on, with their arguments and decisions, are the user's data (WT-1)."""
+it waits on, with their arguments and decisions, are the user's data."""
 _KEY_ID = re.compile(r'[A-Za-z0-9_.-]{1,64}')
 _NONCE = 12
 
@@ -64,7 +64,7 @@ class Encryption:
                 "Encryption at rest needs the 'cryptography' package, the extra 'encryption' of "
                 f"pydantic-ai-durable-journal: pip install 'pydantic-ai-durable-journal[encryption]' ({exc})."
             ) from exc
-        # No message below shows an id or a key: a key pasted where its id goes would be printed (EN-2).
+        # No message below shows an id or a key: a key pasted where its id goes would be printed.
         self._ciphers: dict[str, Any] = {}
         numbers: dict[str, int] = {}
         for number, pair in enumerate(pairs, 1):
@@ -101,7 +101,7 @@ class Encryption:
             )
         items = text.split(',')
         pairs: list[tuple[str, bytes]] = []
-        for number, item in enumerate(items, 1):  # items by number only: never a piece of one (EN-2)
+        for number, item in enumerate(items, 1):  # items by number only: never a piece of one
             key_id, colon, encoded = item.strip().partition(':')
             if not colon:
                 raise ValueError(
@@ -149,7 +149,7 @@ class Sealer:
         self.encryption = encryption
         self.mode: Mode = mode
         self.plain_opened = 0
-        """Plain values read in `migrate` mode: what `rekey` seals, whose old text the store may keep (EN-2)."""
+        """Plain values read in `migrate` mode: what `rekey` seals, whose old text the store may keep."""
 
     # -- the three kinds of stored value -----------------------------------------------------------------
 
@@ -174,7 +174,7 @@ class Sealer:
         opened = self._open(value, ('execution', key), 'the execution record')
         return opened if isinstance(opened, dict) else None
 
-    # -- the journal's marker (EN-6) -------------------------------------------------------------------
+    # -- the journal's marker -------------------------------------------------------------------------
 
     def admit(self, key: str, marker: object, where: str) -> str | None:
         """Judge the store's marker as a lease on `key` is taken; return the marker text to store, if it changes.
@@ -218,7 +218,7 @@ class Sealer:
         try:
             return {**clear, SEALED: self.encryption.seal(secret, _bound(place, clear))}
         except (TypeError, ValueError, RecursionError, OverflowError):
-            return value  # not JSON: the backend's own encoding refuses it, sealed or not (J-2)
+            return value  # not JSON: the backend's own encoding refuses it, sealed or not
 
     def _open(self, value: Any, place: Place, where: str) -> Any:
         key = place[1]
@@ -232,7 +232,7 @@ class Sealer:
                     key=key,
                     where=where,
                 )
-            return value  # without keys, a miss the core reports once (J-3)
+            return value  # without keys, a miss the core reports once
         sealed = value.get(SEALED)
         if sealed is None:
             if self.encryption is not None and self.mode == 'strict':
@@ -303,7 +303,7 @@ def _bound(place: Place, clear: dict[str, Any]) -> bytes:
 
 
 def _shape(value: object) -> str:
-    """What a value given as a key or an id is, without a character of it: for messages (EN-2)."""
+    """What a value given as a key or an id is, without a character of it: for messages."""
     size = f' of {len(value)}' if isinstance(value, (str, bytes)) else ''
     return f'{type(value).__name__}{size}'
 
@@ -340,12 +340,12 @@ def reseal(journal: object, encryption: Encryption | None, mode: Mode) -> None:
 
 
 def plain_values_opened(journal: object) -> int:
-    """How many plain values a journal in `migrate` mode has read: what `rekey` sealed (EN-2)."""
+    """How many plain values a journal in `migrate` mode has read: what `rekey` sealed."""
     return _sealer_of(journal).plain_opened if getattr(journal, '_sealer', None) is not None else 0
 
 
 async def clear_marker(journal: object) -> None:
-    """Remove the store's marker of encryption (EN-6): only `rekey --decrypt`, once every value is plain, does."""
+    """Remove the store's marker of encryption: only `rekey --decrypt`, once every value is plain, does."""
     if _sealer_of(journal).mode != 'decrypt':
         raise ValueError('Only a journal rewritten to plain text (rekey --decrypt) may lose its marker of encryption.')
     await journal._clear_marker()  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""`DiskJournal`: executions in a diskcache directory, the embedded default (J-8, I-4).
+"""`DiskJournal`: executions in a diskcache directory, the embedded default (J-8).
 
 The journal protocol over one SQLite database per directory, each write fenced, the steps one event loop
 writes in a turn committed together (`_disk_commits`). What the directory must be to be opened is
@@ -55,7 +55,7 @@ log = logging.getLogger('pydantic_ai_durable')
 _STAMP_EVERY = 2.0
 """Seconds between refreshes of an execution's last-update time while its steps are written."""
 _SEALED = 'sealed'
-"""The row that says the journal was given keys (EN-6), checked in every lease's transaction."""
+"""The row that says the journal was given keys, checked in every lease's transaction."""
 _SEALED_WHERE = f"The row {_SEALED!r} of the journal's database (cache.db)"
 
 
@@ -64,7 +64,7 @@ def _size(value: object) -> int:
 
 
 def default_directory() -> Path:
-    """`$PYDANTIC_AI_DURABLE_DIR`, else `.durable` in the working directory (I-4)."""
+    """`$PYDANTIC_AI_DURABLE_DIR`, else `.durable` in the working directory."""
     return Path(os.environ.get('PYDANTIC_AI_DURABLE_DIR', '.durable'))
 
 
@@ -72,8 +72,8 @@ class DiskJournal:
     """A journal in a local directory, shared by every process on this host that opens the same path.
 
     Each write is committed before it returns, so an acknowledged step survives a SIGKILL of the
-    process (B-2); the same transaction checks the writer's lease epoch (B-9), and the steps other
-    executions of the process wrote meanwhile share it (CC-9). `durability="power"` also waits for the
+    process; the same transaction checks the writer's lease epoch, and the steps other
+    executions of the process wrote meanwhile share it. `durability="power"` also waits for the
     disk (`synchronous=FULL`) so it survives power loss, at the cost of an fsync per commit. Entries
     never expire and are never evicted; only cleanup, `delete` and `prune` remove them. One host only:
     leases are timed by this host's boot clock, and SQLite over a network file system is not safe for
@@ -101,10 +101,10 @@ class DiskJournal:
         self.mode = check_mode(mode)
         """Permission bits of the files the journal creates; its directories get the matching `0o7xx`."""
         self.retention = retention_seconds(retention)
-        """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise (FN-1)."""
+        """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise."""
         self._cache: Any = None
         self._place: tuple[int, int] | None = None
-        """The directory's device and inode when the cache was opened: writes go nowhere else (B-15)."""
+        """The directory's device and inode when the cache was opened: writes go nowhere else."""
         self._heads = Heads(self.path)
         self._sealer = Sealer(encryption)
         self._commits = SharedCommits(self._writable_cache)
@@ -112,7 +112,7 @@ class DiskJournal:
 
     @property
     def encryption(self) -> Encryption | None:
-        """The keys this journal seals and opens values with (EN-1), or `None`."""
+        """The keys this journal seals and opens values with, or `None`."""
         return self._sealer.encryption
 
     def __repr__(self) -> str:
@@ -130,7 +130,7 @@ class DiskJournal:
         if self._cache is None:
             cache = open_cache(self.path, self.durability, self.mode)
             try:
-                check_directory(self.path, self.mode, self.durability)  # refused: nothing is kept open (B-16)
+                check_directory(self.path, self.mode, self.durability)  # refused: nothing is kept open
                 self._place = place_of(self.path)
             except BaseException:
                 cache.close()
@@ -151,21 +151,21 @@ class DiskJournal:
 
     async def open(self) -> None:
         if self._cache is not None and safe_place(self.path) != self._place:
-            await self.close()  # a new attempt follows the path to the directory that is there now (B-15)
+            await self.close()  # a new attempt follows the path to the directory that is there now
         if self.path.exists() and not self.path.is_dir():
             raise JournalUnavailable(
                 f'The journal path {str(self.path)!r} is a file, not a directory. '
                 'Point DiskJournal (or PYDANTIC_AI_DURABLE_DIR) at a directory.'
             )
         if self._cache is not None:
-            return  # opened and proved writable before; every write of an attempt is checked on its own (B-15)
+            return  # opened and proved writable before; every write of an attempt is checked on its own
         try:
             cache = self._open_cache()
             probe = f'probe/{os.getpid()}'
             cache.set(probe, '1')
             cache.delete(probe)
         except JournalError:
-            raise  # said already: unreachable (JournalUnavailable), or a diskcache it was not tested with (J-10)
+            raise  # said already: unreachable (JournalUnavailable), or a diskcache it was not tested with
         except Exception as exc:
             self._cache = None
             raise JournalUnavailable(
@@ -214,7 +214,7 @@ class DiskJournal:
         return True
 
     def _stamped_head(self, cache: Any, key: str, eid: str, epoch: int) -> tuple[dict[str, Any], float]:
-        """Check the writer's epoch (B-9), then read the head and stamp it; call inside the write's transaction."""
+        """Check the writer's epoch, then read the head and stamp it; call inside the write's transaction."""
         fence(cache, key, eid, epoch)
         head = self._heads.read(cache, eid)
         head['key'] = key
@@ -303,8 +303,8 @@ class DiskJournal:
             head, now = self._stamped_head(cache, key, eid, epoch)
             self._heads.unindex(cache, head)
             status = value.get('status')
-            head['status'] = status if isinstance(status, str) else None  # what a page of the listing counts (B-17)
-            if retention is not None:  # FN-2: an index row, so retention finds it without scanning the journal
+            head['status'] = status if isinstance(status, str) else None  # what a page of the listing counts
+            if retention is not None:  # an index row, so retention finds it without scanning the journal
                 head['retain_until'] = now + retention
                 head['expiry'] = expiry_key(now + retention, eid)
                 cache.put_text(head['expiry'], _json.dumps(key))
@@ -340,7 +340,7 @@ class DiskJournal:
         cache = self._open_cache()
         infos: list[ExecutionInfo] = []
         # One scan per kind of row, not reads per execution and position: ten thousand list in well under
-        # a second (WT-1).
+        # a second.
         sizes, texts, leases = entry_sizes(cache), cache.execution_rows('x'), cache.execution_rows('l')
         for eid, head in self._heads.every(cache).items():
             text = texts.get(eid)
@@ -425,7 +425,7 @@ class DiskJournal:
         hold_lock(self.path, self.mode)
         try:
             with cache.transact():
-                marker = self._sealer.admit(key, cache.read_text(_SEALED), _SEALED_WHERE)  # EN-6: before any write
+                marker = self._sealer.admit(key, cache.read_text(_SEALED), _SEALED_WHERE)  # before any write
                 if marker is not None:
                     cache.put_text(_SEALED, marker)
                 held = read_lease(cache, eid)
@@ -453,7 +453,7 @@ class DiskJournal:
     async def renew_leases(self, leases: Sequence[LeaseRenewal]) -> list[Lease | None]:
         cache = self._writable_cache()
         answers: list[Lease | None] = []
-        with cache.transact():  # every lease of this process in this journal: one transaction (CC-2)
+        with cache.transact():  # every lease of this process in this journal: one transaction
             for asked in leases:
                 eid = execution_id(asked.key)
                 held = read_lease(cache, eid)
@@ -464,7 +464,7 @@ class DiskJournal:
         return answers
 
     async def _clear_marker(self) -> None:
-        """Forget that keys were given: `rekey --decrypt` only, once every value is plain (EN-6)."""
+        """Forget that keys were given: `rekey --decrypt` only, once every value is plain."""
         cache = self._writable_cache()
         with cache.transact():
             cache.delete(_SEALED)

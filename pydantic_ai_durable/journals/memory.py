@@ -45,7 +45,7 @@ class _Execution:
     retain_until: float | None = None
 
     def leased(self, now: float) -> bool:
-        """Whether a holder that is not proved dead holds it: the engine's judgement of a takeover (FN-3)."""
+        """Whether a holder that is not proved dead holds it: the engine's judgement of a takeover."""
         held = self.lease
         return held is not None and held.until > now and not ours_and_ended(held.holder)
 
@@ -56,24 +56,24 @@ class _Execution:
 class MemoryJournal:
     """A journal that lives as long as the object: nothing survives the process.
 
-    Values are stored as JSON text and decoded afresh on every read (J-5), so what a test sees is
+    Values are stored as JSON text and decoded afresh on every read, so what a test sees is
     exactly what a later attempt in the same process would read back. Writes are fenced by lease
-    epoch like every other backend's (B-9), so tests of stale attempts hold here too.
+    epoch like every other backend's, so tests of stale attempts hold here too.
     """
 
     def __init__(self, *, retention: Retention = DEFAULT_RETENTION, encryption: Encryption | None = None) -> None:
         self.retention = retention_seconds(retention)
-        """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise (FN-1)."""
+        """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise."""
         self._executions: dict[str, _Execution] = {}
         self._lock = threading.Lock()
         self._epochs = itertools.count(1)
         self._sealer = Sealer(encryption)
         self._marker: str | None = None
-        """Set once the journal was given keys: a journal object without them is refused a lease (EN-6)."""
+        """Set once the journal was given keys: a journal object without them is refused a lease."""
 
     @property
     def encryption(self) -> Encryption | None:
-        """The keys this journal seals and opens values with (EN-1), or `None`."""
+        """The keys this journal seals and opens values with, or `None`."""
         return self._sealer.encryption
 
     def __repr__(self) -> str:
@@ -188,7 +188,7 @@ class MemoryJournal:
 
     async def acquire_lease(self, key: str, holder: str, ttl: float, *, force: bool = False) -> Lease:
         with self._lock:
-            marker = self._sealer.admit(key, self._marker, "this MemoryJournal's marker of encryption")  # EN-6
+            marker = self._sealer.admit(key, self._marker, "this MemoryJournal's marker of encryption")
             if marker is not None:
                 self._marker = marker
             now = local_clock()
@@ -251,7 +251,7 @@ class MemoryJournal:
         return sorted(doomed)
 
     async def _clear_marker(self) -> None:
-        """Forget that keys were given: `rekey --decrypt` only, once every value is plain (EN-6)."""
+        """Forget that keys were given: `rekey --decrypt` only, once every value is plain."""
         with self._lock:
             self._marker = None
 

@@ -1,12 +1,12 @@
-"""`PostgresJournal`: executions in PostgreSQL, shared by every worker on every host (B-8).
+"""`PostgresJournal`: executions in PostgreSQL, shared by every worker on every host.
 
 Plain SQL over psycopg 3 (async) with psycopg_pool. Values are stored as the JSON text of
 `_json.dumps`, in `text` columns (not `jsonb`, which would reorder keys, refuse NaN and normalise
 numbers). An execution is identified by the sha256 of its key (`execution_id`), so a key of any length
 and content, NUL included, maps to a fixed-size primary key; the key itself is kept as UTF-8 bytes
-(`bytea`) for listing. Every write is committed before it returns (B-2) and fenced in that same
-statement by the writer's lease epoch (B-9). Every time (lease expiry, update stamps, prune cutoffs) is
-the server's clock, never a client's (B-11). Where statements run and how writes share commits is
+(`bytea`) for listing. Every write is committed before it returns and fenced in that same
+statement by the writer's lease epoch. Every time (lease expiry, update stamps, prune cutoffs) is
+the server's clock, never a client's. Where statements run and how writes share commits is
 `_pg_connections`'s job; the statements themselves are `_pg_sql`'s.
 """
 
@@ -62,7 +62,7 @@ class PostgresJournal:
     by the journal. `connect_timeout` (seconds) applies unless the DSN sets its own.
 
     Times (update stamps, lease expiry, prune cutoffs) are the server's clock, so workers whose clocks
-    disagree still agree on who holds an execution (B-11).
+    disagree still agree on who holds an execution.
     """
 
     def __init__(
@@ -96,7 +96,7 @@ class PostgresJournal:
         self.max_size = max_size
         self.pool_timeout = pool_timeout
         self.retention = retention_seconds(retention)
-        """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise (FN-1)."""
+        """Seconds a finished execution is kept unless `execution(retention=...)` says otherwise."""
         self._sealer = Sealer(encryption)
         self._sql = Sql(schema)
         digest = hashlib.sha256(f'pydantic_ai_durable:{schema}'.encode()).digest()
@@ -111,7 +111,7 @@ class PostgresJournal:
 
     @property
     def encryption(self) -> Encryption | None:
-        """The keys this journal seals and opens values with (EN-1), or `None`."""
+        """The keys this journal seals and opens values with, or `None`."""
         return self._sealer.encryption
 
     def __repr__(self) -> str:
@@ -130,7 +130,7 @@ class PostgresJournal:
         params = conninfo_to_dict(self.dsn)
         # No server-side prepared statements: behind PgBouncer in transaction mode the next transaction may
         # run on another server session, where a statement prepared here does not exist, or another one of
-        # the same name does (CC-8).
+        # the same name does.
         options: dict[str, Any] = {'autocommit': True, 'prepare_threshold': None}
         if 'connect_timeout' not in params:
             options['connect_timeout'] = max(1, round(self.connect_timeout))
@@ -167,7 +167,7 @@ class PostgresJournal:
         )
 
     async def _prepare(self, conn: AsyncConnection[Any]) -> None:
-        """Create or check the schema, then prove the tables can be written, leaving nothing behind (B-7)."""
+        """Create or check the schema, then prove the tables can be written, leaving nothing behind."""
         import uuid
 
         async with conn.transaction():  # the advisory lock makes concurrent first opens safe
@@ -186,7 +186,7 @@ class PostgresJournal:
                 )
             if version != SCHEMA_VERSION:
                 await conn.execute(self._sql.ddl)
-                if version is not None:  # records written before the status column (B-17)
+                if version is not None:  # records written before the status column
                     await fill_status(conn, self._sql)
                 await conn.execute(self._sql.set_version, {'version': SCHEMA_VERSION})
         # Privileges and read-only replicas: this connection is the probe's alone, so no other write
@@ -226,9 +226,9 @@ class PostgresJournal:
         """Run a write that returns a row only when the writer's epoch is current (B-9), in a shared commit.
 
         `False` when the value itself cannot be stored (a NUL or a lone surrogate in text, a number out of
-        range): the same value fails every time, so it is not a store failure worth retrying (J-2). Only
+        range): the same value fails every time, so it is not a store failure worth retrying. Only
         such a value may be refused: any other error, a data error included, is a fault of the server, the
-        connection or a pooler in between, and is raised so the core retries it (CC-8).
+        connection or a pooler in between, and is raised so the core retries it.
         """
         import psycopg
 
@@ -292,7 +292,7 @@ class PostgresJournal:
         if text is None:
             return False
         params = {'eid': execution_id(key), 'epoch': epoch, 'value': text, 'retention': retention_of(value)}
-        params['status'] = status_of(value)  # B-17
+        params['status'] = status_of(value)
         return await self._fenced(key, self._sql.write_execution, params)
 
     async def _delete_eids(self, conn: AsyncConnection[Any], eids: list[str]) -> None:
@@ -392,16 +392,16 @@ class PostgresJournal:
             for _ in range(_LEASE_ATTEMPTS):
                 row = await (await conn.execute(self._sql.acquire, params)).fetchone()
                 if row is not None:
-                    if (marker := self._sealer.admit(key, row[2], where)) is not None:  # EN-6: it has keys, or none
+                    if (marker := self._sealer.admit(key, row[2], where)) is not None:  # it has keys, or none
                         await conn.execute(self._sql.write_marker, {'marker': marker})
                     return Lease(holder, float(row[0]), int(row[1]))
                 marked = await (await conn.execute(self._sql.read_marker)).fetchone()
-                self._sealer.admit(key, (marked or (None,))[0], where)  # EN-6: refused here, before any write
+                self._sealer.admit(key, (marked or (None,))[0], where)  # refused here, before any write
                 current = await self._read_lease(conn, eid)
                 if current is None:
                     continue  # released between the two statements: try again
                 if ours_and_ended(current.holder) and params['take_over'] != current.holder:
-                    params['take_over'] = current.holder  # an attempt of this process that ended (JF-3)
+                    params['take_over'] = current.holder  # an attempt of this process that ended
                     continue
                 return current
             raise RuntimeError(f'the lease on execution {key!r} changed hands too often to be taken')
@@ -416,7 +416,7 @@ class PostgresJournal:
                 f'({type(exc).__name__}: {scrub(one_line(exc), self.dsn)}); no model was called.'
             ) from exc
 
-    async def _clear_marker(self) -> None:  # EN-6: `rekey --decrypt` only, once every value is plain
+    async def _clear_marker(self) -> None:  # `rekey --decrypt` only, once every value is plain
         await self._connections.run(lambda conn: conn.execute(self._sql.write_marker, {'marker': None}))
 
     async def renew_leases(self, leases: Sequence[LeaseRenewal]) -> list[Lease | None]:

@@ -147,7 +147,7 @@ class LiveStep:
     ref: StepRef
     replayable: bool = True
     rule: str | None = None
-    """The rule by which it runs live on every attempt (opted out, secret-masked result, ...), if any (H-7)."""
+    """The rule by which it runs live on every attempt (opted out, secret-masked result, ...), if any."""
     started: bool = False
     """Its body started (the crash, if any, was not at `before_body`)."""
     recorded: bool = False
@@ -218,7 +218,7 @@ class AttemptRecord:
         return Counter(name for name, _ in self.effects)
 
     def by_rule(self) -> tuple[tuple[StepRef, str], ...]:
-        """The steps that ran live by a rule of the journal, with that rule (H-7)."""
+        """The steps that ran live by a rule of the journal, with that rule."""
         return tuple((step.ref, step.rule) for step in self.steps.values() if step.rule is not None)
 
 

@@ -1,4 +1,4 @@
-"""What the harness reports: the replay check's findings, and each crash case of `crash_everywhere` (H-4, H-5).
+"""What the harness reports: the replay check's findings, and each crash case of `crash_everywhere`.
 
 A user reads these when a check fails and asserts on them when it passes, so each field says what it
 holds in the user's terms: steps by run, position and name, crash points by where in the step they hit.
@@ -49,7 +49,7 @@ class CrashCase:
     hints: tuple[str, ...] = ()
     """What usually causes such a divergence, and how to fix it."""
     by_rule: tuple[tuple[StepRef, str], ...] = ()
-    """Steps of the resume that ran live by a rule of the journal, with the rule; not counted as repeats (H-7)."""
+    """Steps of the resume that ran live by a rule of the journal, with the rule; not counted as repeats."""
 
     @property
     def ok(self) -> bool:

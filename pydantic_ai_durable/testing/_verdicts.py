@@ -117,7 +117,7 @@ def _effects_outside_steps(attempt: AttemptRecord) -> list[str]:
 
 
 def by_rule_lines(by_rule: Sequence[tuple[StepRef, str]], indent: str) -> list[str]:
-    """The steps that ran live by a rule, for a failure message: they are not what failed (H-7)."""
+    """The steps that ran live by a rule, for a failure message: they are not what failed."""
     if not by_rule:
         return []
     return [f'{indent}Ran live by rule, as on every attempt (not counted as a failure):'] + [
@@ -164,7 +164,7 @@ def replay_problems(first: AttemptRecord, second: AttemptRecord) -> list[str]:
 
 
 def _same_usage(one: Any, two: Any, tools_by_rule: int) -> bool:
-    """Equal usage, except up to one tool call more per tool step that ran live again by rule (H-7)."""
+    """Equal usage, except up to one tool call more per tool step that ran live again by rule."""
     if one == two:
         return True
     extra = getattr(two, 'tool_calls', None)
@@ -249,7 +249,7 @@ def _step_problems(baseline: AttemptRecord, first: AttemptRecord, resume: Attemp
             moved.append(f'{ref} ran where the uninterrupted run ran {expected.ref}')
             continue
         if any(not step.replayable or step.rule for step in (before, after, expected) if step is not None):
-            continue  # it runs on every attempt by a rule of the journal (A-9, K-8, JF-5): judged by that (H-7)
+            continue  # it runs on every attempt by a rule of the journal: judged by that
         ran = (before is not None and before.started) + (after is not None and after.started)
         if ran <= (2 if before is not None and before.in_flight else 1):
             continue
@@ -296,7 +296,7 @@ def _effect_problems(
         )
         ruled = [by_rule[where] for effect, where in resume.effects if effect == name and where in by_rule]
         if name not in exactly_once:
-            allowed += len(ruled)  # performed by a step that runs live on every attempt by rule (H-7)
+            allowed += len(ruled)  # performed by a step that runs live on every attempt by rule
         if expected[name] <= total <= allowed:
             continue
         text = (
