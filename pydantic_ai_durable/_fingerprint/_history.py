@@ -225,14 +225,18 @@ def _dump_message(message: ModelMessage, mode: Literal['python', 'json']) -> Any
 
 
 def new_message_texts(
-    messages: Sequence[ModelMessage], snapshots: Sequence[Snapshot | None], secrets: Masker | None
+    messages: Sequence[ModelMessage],
+    snapshots: Sequence[Snapshot | None],
+    secrets: Masker | None,
+    rendered: dict[int, Any] | None = None,
 ) -> list[bytes]:
     """`history_texts` for the messages a step added, one message at a time.
 
     All guides are taken before anything is rendered, as a whole-history dump would: a failed python-mode
     dump anywhere must reach the full path (which tells FP-9 from a real error) before a refusal elsewhere
     decides the outcome, and an iterator must be refused before rendering consumes it. A message with a
-    snapshot is plain and needs no guide.
+    snapshot is plain and needs no guide. `rendered` collects, by message id, the masked JSON rendering of
+    each message whose rendering needed no reordering: what `ModelMessagesTypeAdapter` dumps for it, masked.
     """
     try:
         guides = [
@@ -244,6 +248,12 @@ def new_message_texts(
     specials = [guide is not None and inspect_guide(guide) for guide in guides]
     texts: list[bytes] = []
     for message, guide, special in zip(messages, guides, specials, strict=True):
-        rendered = _dump_message(message, 'json')
-        texts.append(_finish_message(order(rendered, guide) if special else rendered, secrets))
+        dumped = _dump_message(message, 'json')
+        if special:
+            texts.append(_finish_message(order(dumped, guide), secrets))
+            continue
+        masked = secrets.mask(dumped) if secrets is not None else dumped
+        if rendered is not None:
+            rendered[id(message)] = masked
+        texts.append(canonical(_strip_volatile(masked)).encode('ascii'))
     return texts
