@@ -4,6 +4,7 @@
     python benchmarks/margin.py --callgrind 1 20 200 1000 --cpu 20 200 1000 --rounds 3
     python benchmarks/margin.py --cpu --rounds 1    # instructions only (no CPU-time sizes)
     python benchmarks/margin.py --base 6966c29      # the package as it was at a revision (before/after)
+    python benchmarks/margin.py --ceiling 5 25      # only what memory recording adds per round trip (the test's)
 
 A long agent run pays an execution's fixed costs (binding the agent's durable copy, entering the execution,
 the first reads) once; what it pays for every further step is the margin, (cost(N = 200) - cost(N = 20)) /
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,8 @@ LABELS = {
 INSTRUCTION_TARGETS = {'disk-record': 1.09, 'memory-record': 1.08, 'disk-replay': 1.07}
 """Issue 51: instructions per extra round trip, as a ratio to the bare agent's, at most."""
 CPU_TARGETS = {'disk-record': 1.20, 'memory-record': 1.12}
+CEILING_CONFIGS = ('bare', 'memory-record')
+"""What `--ceiling` measures: the package's instructions per extra round trip, recording on memory."""
 """Issue 51: CPU time per extra round trip, as a ratio to the bare agent's, at most."""
 WARM_UP = 3
 """Round trips of the warm-up run each child makes before the measured one."""
@@ -104,14 +108,13 @@ def _floor_capability() -> Any:
     return Floor()
 
 
-async def _child(config: str, steps: int, directory: Path, measure: str) -> None:
+def _attempts(config: str, directory: Path) -> Callable[[int, str], Awaitable[None]]:
+    """One agent run of `config` with `n` round trips, under execution `key` where it journals."""
     sys.path.insert(0, str(HERE))
     from agent_overhead import LIMITS, build_agent
 
-    import pydantic_ai_durable
     from pydantic_ai_durable import DiskJournal, Durable, Journal, MemoryJournal, execution
 
-    print(f'package: {Path(pydantic_ai_durable.__file__).parent}', file=sys.stderr)
     memory = MemoryJournal()
 
     def journal(name: str) -> Journal:
@@ -126,6 +129,18 @@ async def _child(config: str, steps: int, directory: Path, measure: str) -> None
             async with execution(key, journal=journal(key), cleanup='keep'):
                 await build_agent(n, [Durable()]).run('go', usage_limits=LIMITS)
 
+    return attempt
+
+
+def _announce_package() -> None:
+    import pydantic_ai_durable
+
+    print(f'package: {Path(pydantic_ai_durable.__file__).parent}', file=sys.stderr)
+
+
+async def _child(config: str, steps: int, directory: Path, measure: str) -> None:
+    _announce_package()
+    attempt = _attempts(config, directory)
     await attempt(WARM_UP, 'warm-up')
     if config.endswith('replay'):
         await attempt(steps, 'measured')  # the recording the measured run replays
@@ -141,8 +156,31 @@ async def _child(config: str, steps: int, directory: Path, measure: str) -> None
     print(json.dumps({'cpu': time.process_time() - started, 'wall': time.perf_counter() - wall}))
 
 
+async def _ceiling_child(small: int, large: int, directory: Path) -> None:
+    """The bare agent and memory recording at two sizes in one process, each measured run dumped on its own."""
+    _announce_package()
+    for config in CEILING_CONFIGS:
+        attempt = _attempts(config, directory)
+        await attempt(WARM_UP, 'warm-up')
+        for steps in (small, large):
+            gc.collect()
+            gc.disable()
+            _toggle('on')
+            await attempt(steps, f'measured-{steps}')
+            _toggle('off')
+            gc.enable()
+            subprocess.run(
+                ['callgrind_control', '-d', f'{config}-{steps}', str(os.getpid())], check=True, capture_output=True
+            )
+
+
 def _toggle(state: str) -> None:
     subprocess.run(['callgrind_control', '-i', state, str(os.getpid())], check=True, capture_output=True)
+
+
+def _dump(label: str) -> None:
+    """Write the counts since the last dump to a file of their own, labelled, and start counting from zero."""
+    subprocess.run(['callgrind_control', '-d', label, str(os.getpid())], check=True, capture_output=True)
 
 
 # -- the parent: rounds, medians, margins ---------------------------------------------------------------
@@ -228,6 +266,45 @@ def _report(title: str, medians: dict[tuple[str, int], float], configs: list[str
     )
 
 
+def quick_margin(small: int, large: int, package: Path = ROOT) -> dict[str, float]:
+    """What recording on `MemoryJournal` adds per extra round trip between N = `small` and `large`, in instructions.
+
+    One child under callgrind runs the bare agent and the recording one at both sizes (so it pays valgrind's
+    start once) and dumps the count of each measured run; what the package adds is the recording margin
+    less the bare margin. Small sizes keep it within a test's budget (tests/test_benchmarks.py).
+    """
+    with tempfile.TemporaryDirectory(prefix='margin-ceiling-') as tmp:
+        out = Path(tmp) / 'callgrind.out'
+        env = {**os.environ, 'PYTHONPATH': str(package), 'PYTHONHASHSEED': '0'}
+        command = [
+            'valgrind',
+            '--tool=callgrind',
+            '--instr-atstart=no',
+            f'--callgrind-out-file={out}',
+            sys.executable,
+            __file__,
+            '--ceiling-child',
+            str(small),
+            str(large),
+            tmp,
+        ]
+        result = subprocess.run(command, env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f'the measured child failed:\n{result.stderr[-3000:]}')
+        counts: dict[str, float] = {}
+        for dump in Path(tmp).glob('callgrind.out.*'):
+            text = dump.read_text()
+            label = re.search(r'^desc: Trigger: dump (\S+)', text, re.MULTILINE)
+            totals = re.search(r'^totals: (\d+)', text, re.MULTILINE)
+            if label is not None and totals is not None:
+                counts[label[1]] = float(totals[1])
+    per = {
+        config: (counts[f'{config}-{large}'] - counts[f'{config}-{small}']) / (large - small)
+        for config in CEILING_CONFIGS
+    }
+    return {**per, 'adds': per['memory-record'] - per['bare']}
+
+
 def _package_tree(revision: str | None, into: Path) -> Path:
     if revision is None:
         return ROOT
@@ -246,11 +323,36 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=3, help='alternated rounds (default: %(default)s)')
     parser.add_argument('--configs', nargs='+', choices=CONFIGS, default=list(CONFIGS))
     parser.add_argument('--base', help='measure the package as it was at this revision instead of this checkout')
+    parser.add_argument(
+        '--ceiling',
+        nargs=2,
+        type=int,
+        metavar=('SMALL', 'LARGE'),
+        help='only what memory recording adds per extra round trip from N = SMALL to LARGE (instructions, one child)',
+    )
     parser.add_argument('--child', nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument('--ceiling-child', nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         config, steps, directory, measure = args.child
         asyncio.run(_child(config, int(steps), Path(directory), measure))
+        return
+    if args.ceiling_child:
+        small, large, directory = args.ceiling_child
+        asyncio.run(_ceiling_child(int(small), int(large), Path(directory)))
+        return
+    if args.ceiling:
+        if shutil.which('valgrind') is None:
+            raise SystemExit('valgrind is not installed: --ceiling counts instructions under callgrind.')
+        small, large = args.ceiling
+        with tempfile.TemporaryDirectory(prefix='margin-') as tmp:
+            figures = quick_margin(small, large, _package_tree(args.base, Path(tmp) / 'base'))
+        bare, recording = figures['bare'] / 1e6, figures['memory-record'] / 1e6
+        print(
+            f'MemoryJournal recording adds {figures["adds"] / 1e6:,.3f} M instructions per extra round trip '
+            f'(N = {small} to {large}; bare {bare:,.3f} M, recording {recording:,.3f} M)'
+        )
+        print(json.dumps(figures))
         return
     configs = args.configs if 'bare' in args.configs else ['bare', *args.configs]
     with tempfile.TemporaryDirectory(prefix='margin-') as tmp:
