@@ -14,7 +14,6 @@ from pydantic_ai.usage import UsageLimits
 from pydantic_ai_durable import Durable, execution
 from pydantic_ai_durable.testing import SimulatedCrash, crash_at
 
-
 if (_mismatch := harness_mismatch()) is not None:
     pytest.skip(f'code mode not tested: {_mismatch}', allow_module_level=True)
 code_mode = pytest.importorskip('pydantic_ai_harness.code_mode')

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import harness_mismatch
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from helpers import harness_mismatch
 
 from pydantic_ai_durable import (
     Durable,
@@ -32,15 +32,15 @@ from pydantic_ai_durable import (
 if (_mismatch := harness_mismatch()) is not None:
     pytest.skip(f'pydantic-ai-harness capabilities not tested: {_mismatch}', allow_module_level=True)
 
-from pydantic_ai_harness import AskUser  # noqa: E402
-from pydantic_ai_harness.approval_reviewer import ApprovalReviewer  # noqa: E402
-from pydantic_ai_harness.ask_user import (  # noqa: E402
+from pydantic_ai_harness import AskUser
+from pydantic_ai_harness.approval_reviewer import ApprovalReviewer
+from pydantic_ai_harness.ask_user import (
     AskUserAnswer,
     AskUserRequest,
     AskUserResponse,
     ask_user_result,
 )
-from waiting_agent import lines, note, summary  # noqa: E402
+from waiting_agent import lines, note, summary
 
 KEY = 'trip-3'
 QUESTIONS = {
