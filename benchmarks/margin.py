@@ -186,6 +186,11 @@ def _dump(label: str) -> None:
 # -- the parent: rounds, medians, margins ---------------------------------------------------------------
 
 
+def _callgrind(out: Path) -> list[str]:
+    """valgrind's callgrind, counting only while the child switches instrumentation on, writing to `out`."""
+    return ['valgrind', '--tool=callgrind', '--instr-atstart=no', f'--callgrind-out-file={out}']
+
+
 def _run_child(package: Path, config: str, steps: int, directory: Path, measure: str) -> float:
     """One measured run: its instructions (callgrind) or its CPU seconds."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -193,7 +198,7 @@ def _run_child(package: Path, config: str, steps: int, directory: Path, measure:
     command = [sys.executable, __file__, '--child', config, str(steps), str(directory), measure]
     out = directory / 'callgrind.out'
     if measure == 'callgrind':
-        command = ['valgrind', '--tool=callgrind', '--instr-atstart=no', f'--callgrind-out-file={out}', *command]
+        command = [*_callgrind(out), *command]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f'the measured child ({config}, N = {steps}) failed:\n{result.stderr[-3000:]}')
@@ -276,18 +281,7 @@ def quick_margin(small: int, large: int, package: Path = ROOT) -> dict[str, floa
     with tempfile.TemporaryDirectory(prefix='margin-ceiling-') as tmp:
         out = Path(tmp) / 'callgrind.out'
         env = {**os.environ, 'PYTHONPATH': str(package), 'PYTHONHASHSEED': '0'}
-        command = [
-            'valgrind',
-            '--tool=callgrind',
-            '--instr-atstart=no',
-            f'--callgrind-out-file={out}',
-            sys.executable,
-            __file__,
-            '--ceiling-child',
-            str(small),
-            str(large),
-            tmp,
-        ]
+        command = [*_callgrind(out), sys.executable, __file__, '--ceiling-child', str(small), str(large), tmp]
         result = subprocess.run(command, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             raise SystemExit(f'the measured child failed:\n{result.stderr[-3000:]}')
@@ -306,14 +300,13 @@ def quick_margin(small: int, large: int, package: Path = ROOT) -> dict[str, floa
 
 
 def _package_tree(revision: str | None, into: Path) -> Path:
+    """This checkout, or the package as it was at `revision` (extracted as `argument_matching.py` does)."""
     if revision is None:
         return ROOT
-    archive = subprocess.run(
-        ['git', '-C', str(ROOT), 'archive', revision, 'pydantic_ai_durable'], check=True, capture_output=True
-    ).stdout
-    into.mkdir(parents=True)
-    subprocess.run(['tar', '-x', '-C', str(into)], input=archive, check=True)
-    return into
+    sys.path.insert(0, str(HERE))
+    from argument_matching import _base_tree
+
+    return _base_tree(revision, into)
 
 
 def main() -> None:
