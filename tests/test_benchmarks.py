@@ -9,7 +9,9 @@ git trees, a minute even at its smallest.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +58,7 @@ CASES = {
         ],
         '| procrastinate | disk | backlog of 4 |',
     ),
+    'margin': (['--callgrind', '--cpu', '20', '200', '--rounds', '1', '--configs', 'memory-record'], 'CPU time'),
     'concurrency': (
         ['--n', '5', '--processes', '0', '--configs', 'bare,disk,postgres' if POSTGRES else 'bare,disk'],
         'one DiskJournal | 5 |',
@@ -92,3 +95,31 @@ def test_perf4_benchmark_script_runs(script: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, f'{script}.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}'
     assert expected in proc.stdout, proc.stdout[-2000:]
     assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+
+
+MARGIN_CEILING = 4_550_000
+"""PERF-5: instructions the package may add per extra round trip, recording on `MemoryJournal` from N = 5 to
+25 (`benchmarks/margin.py --ceiling 5 25`): 3.94 M on CPython 3.11 with pydantic-ai-slim 2.62 when it was set,
+plus about 15%. Lower it when a change lowers the figure; never raise it to let a change through unexplained."""
+
+
+@pytest.mark.once
+@pytest.mark.skipif(
+    shutil.which('valgrind') is None, reason='counting instructions needs valgrind (.ci/run installs it)'
+)
+def test_perf5_what_recording_adds_per_round_trip_stays_under_its_ceiling() -> None:
+    env = {**os.environ, 'PYTHONPATH': str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / 'benchmarks' / 'margin.py'), '--ceiling', '5', '25'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f'margin.py --ceiling failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}'
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures['bare'] > 0 and figures['memory-record'] > figures['bare'], figures
+    assert figures['adds'] <= MARGIN_CEILING, (
+        f'recording on MemoryJournal now adds {figures["adds"]:,.0f} instructions per extra round trip, over the '
+        f'ceiling of {MARGIN_CEILING:,}: some work per step was added, or grows with the history (PERF-5)'
+    )

@@ -992,6 +992,25 @@ def test_perf1_a_newly_registered_secret_invalidates_the_running_hash() -> None:
     incremental_matches(fingerprinter, messages[:7], secrets=masker)
 
 
+def test_perf1_renderings_handed_to_the_step_are_the_masked_dump_until_a_secret_is_registered() -> None:
+    special = history(result={'tags': {'x', 'y', 'z'}, 2: 'b', 1: 'a'})
+    messages = [*special, *long_history(2)[1:]]
+    masker = registry('q0')
+    fingerprinter = ModelFingerprinter(secrets=masker)
+    fingerprinter.fingerprint('test:m', messages, None, params())
+    renderings = fingerprinter.take_renderings()
+    reusable = [message for message in messages if message is not special[2]]  # FP-8 reorders that one
+    expected = masker.mask(ModelMessagesTypeAdapter.dump_python(reusable, mode='json'))
+    assert json.dumps(renderings.of(reusable)) == json.dumps(expected)
+    assert '***' in json.dumps(expected)
+    assert renderings.of(messages) is None
+    assert fingerprinter.take_renderings().of(reusable) is None  # handed over once, to the step it was for
+    fingerprinter.fingerprint('test:m', [ModelRequest(parts=[UserPromptPart('other', timestamp=T0)])], None, params())
+    assert renderings.of(reusable) is not None  # a later call does not change what was handed over
+    masker.register('r0')  # registered after the rendering: it must be masked again
+    assert renderings.of(reusable) is None
+
+
 def test_perf1_verify_switch_compares_with_from_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
     messages = long_history(4)
     monkeypatch.delenv(VERIFY_ENV_VAR, raising=False)

@@ -30,6 +30,7 @@ from pydantic_ai.messages import (
     ModelResponse,
     TextPart,
     ToolCallPart,
+    ToolReturnPart,
     UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -46,6 +47,7 @@ from pydantic_ai_durable import (
     Limits,
     MemoryJournal,
     PostgresJournal,
+    SecretRegistry,
     copy_execution,
     execution,
     export_execution,
@@ -53,6 +55,7 @@ from pydantic_ai_durable import (
     import_execution,
     recorded_messages,
 )
+from pydantic_ai_durable._fingerprint import Renderings
 from pydantic_ai_durable.journals import Journal
 from pydantic_ai_durable.testing import SimulatedCrash, crash_at
 
@@ -354,6 +357,69 @@ async def test_xp5_another_model_continues_the_recorded_conversation() -> None:
     assert seen[0][: len(history)] == history
     assert len(seen[0]) == len(history) + 1 and isinstance(seen[0][-1], ModelRequest)
     assert any(isinstance(p, UserPromptPart) and p.content == 'what would you do next?' for p in seen[0][-1].parts)
+
+
+async def test_xp5_the_recorded_messages_are_byte_for_byte_the_masked_dump_of_what_each_request_added(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step records the fingerprint's rendering of its new messages where there is one (issue 51).
+
+    That must be exactly the masked dump the step would make itself: also after a secret was registered
+    mid-run, and where the fingerprint's rendering of a message is reordered (FP-8: a set and integer keys
+    in a tool return of the history the run is given, which no codec normalized).
+    """
+    secrets = SecretRegistry()
+    token = f'T-{uuid.uuid4().hex}'
+    expected: list[list[str]] = []  # for each request: each message's masked dump, as the model got it
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        dumped = secrets.mask(ModelMessagesTypeAdapter.dump_python(messages, mode='json'))
+        expected.append([json.dumps(message) for message in dumped])
+        step = len(tool_returns(messages)) - 1
+        if step < 2:
+            return ModelResponse(parts=[ToolCallPart(['login', 'echo'][step], {}, tool_call_id=f'c{step}')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    def login() -> str:
+        secrets.register(token)
+        return f'token={token}'
+
+    def echo() -> str:
+        return f'still {token}'
+
+    special = {'set': {'delta', 'alpha', 'echo', 'charlie', 'bravo'}, 2: 'two', 1: 'one'}
+    earlier: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart('earlier')]),
+        ModelResponse(parts=[ToolCallPart('tags', {}, tool_call_id='h0')]),
+        ModelRequest(parts=[ToolReturnPart('tags', special, tool_call_id='h0')]),
+        ModelResponse(parts=[TextPart('noted')]),
+    ]
+    seen: list[bool] = []
+    original = Renderings.of
+
+    def spied(self: Renderings, messages: Any) -> list[Any] | None:
+        found = original(self, messages)
+        seen.append(found is not None)
+        return found
+
+    monkeypatch.setattr(Renderings, 'of', spied)
+    journal = MemoryJournal()
+    agent = Agent(
+        FunctionModel(model, model_name='sent'),
+        name='sent',
+        tools=[login, echo],
+        capabilities=[Durable(journal, secrets=secrets)],
+    )
+    async with execution('sent', journal=journal, cleanup='keep'):
+        await agent.run('go', message_history=earlier)
+    entries = [e for e in (await journal.read_run('sent', '0')).entries.values() if e['kind'] == 'model']
+    assert token not in json.dumps(entries)
+    assert [len(e['sent']['messages']) for e in entries] == [5, 1, 1]
+    for entry, dumps in zip(entries, expected, strict=True):
+        sent = entry['sent']
+        assert [json.dumps(message) for message in sent['messages']] == dumps[sent['from'] :]
+    # Reused where it could be; the first request, holding the reordered tool return, was dumped again.
+    assert seen == [False, True, True]
 
 
 # -- EN-1 with XP-1: encrypted journals -------------------------------------------------------------------

@@ -13,7 +13,7 @@ Modules, bottom up: `_canonical` (canonical JSON, FP-6, FP-8), `_settings` (whic
 
 from ._digests import call_digest, fingerprint_event, fingerprint_run_start, fingerprint_tool_call, tool_call_digests
 from ._history import Masker
-from ._incremental import VERIFY_ENV_VAR, ModelFingerprinter, RequestPreparer
+from ._incremental import VERIFY_ENV_VAR, ModelFingerprinter, Renderings, RequestPreparer
 from ._request import fingerprint_model_request
 from ._settings import TRANSPORT_ONLY_SETTINGS
 
@@ -22,6 +22,7 @@ __all__ = (
     'VERIFY_ENV_VAR',
     'Masker',
     'ModelFingerprinter',
+    'Renderings',
     'RequestPreparer',
     'call_digest',
     'fingerprint_event',

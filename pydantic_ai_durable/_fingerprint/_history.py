@@ -109,16 +109,23 @@ def history_texts(messages: Sequence[ModelMessage], secrets: Masker | None) -> l
 
 
 _PLAIN_LEAVES = frozenset({str, int, float, bool, type(None), bytes, datetime, date, time, timedelta, Decimal, UUID})
-_FRAMEWORK_DATACLASSES: dict[type[Any], bool] = {}
+_FRAMEWORK_DATACLASSES: dict[type[Any], tuple[str, ...] | None] = {}
+_ABSENT = object()
 
 
-def _is_framework_dataclass(kind: type[Any]) -> bool:
-    known = _FRAMEWORK_DATACLASSES.get(kind)
-    if known is None:
+def _framework_fields(kind: type[Any]) -> tuple[str, ...] | None:
+    """The field names of one of pydantic-ai's own dataclasses (what its dump renders), else `None`."""
+    try:
+        return _FRAMEWORK_DATACLASSES[kind]
+    except KeyError:
         package = (getattr(kind, '__module__', '') or '').split('.', 1)[0]
-        known = dataclasses.is_dataclass(kind) and package == 'pydantic_ai' and '__slots__' not in vars(kind)
-        _FRAMEWORK_DATACLASSES[kind] = known
-    return known
+        names = (
+            tuple(field.name for field in dataclasses.fields(kind))
+            if dataclasses.is_dataclass(kind) and package == 'pydantic_ai'
+            else None
+        )
+        _FRAMEWORK_DATACLASSES[kind] = names
+        return names
 
 
 class Snapshot:
@@ -147,11 +154,13 @@ class Snapshot:
 def snapshot_of(message: object) -> Snapshot | None:
     """Walk a message if it is provably plain, else `None`.
 
-    Plain means: only pydantic-ai's own dataclasses (walked through their attributes), dicts with string
-    keys, lists, tuples and immutable scalar leaves. The python-mode dump of such a message has no set, no
-    iterator and no non-string key, so its guide dump (a third of the cost of a new message) can be
-    skipped; anything else, such as a pydantic model or an unknown object in a tool result, gets the real
-    guide.
+    Plain means: only pydantic-ai's own dataclasses (walked through their fields, which is what their dump
+    renders), dicts with string keys, lists, tuples and immutable scalar leaves. The python-mode dump of
+    such a message has no set, no iterator and no non-string key, so its guide dump (a third of the cost of
+    a new message) can be skipped; anything else, such as a pydantic model or an unknown object in a tool
+    result, gets the real guide. A dataclass's fields are read one by one, never through `vars()`: asking
+    CPython for an object's `__dict__` gives it a real dict for good, which makes every later attribute
+    read of that message slower, and pydantic-ai reads the whole history on every request.
     """
     nodes: list[object] = []
     sizes: list[int] = []
@@ -176,15 +185,19 @@ def snapshot_of(message: object) -> Snapshot | None:
                     return None
             nodes.extend(node)
             stack.extend(node.values())
+            sizes.append(len(node))
         elif kind is list:
             stack.extend(node)
-        elif _is_framework_dataclass(kind):
-            node = vars(node)
-            nodes.extend(node)
-            stack.extend(node.values())
+            sizes.append(len(node))
         else:
-            return None
-        sizes.append(len(node))
+            names = _framework_fields(kind)
+            if names is None:
+                return None
+            for name in names:
+                value = getattr(node, name, _ABSENT)
+                if value is _ABSENT:
+                    return None
+                stack.append(value)
     return Snapshot(nodes, sizes)
 
 
@@ -212,14 +225,18 @@ def _dump_message(message: ModelMessage, mode: Literal['python', 'json']) -> Any
 
 
 def new_message_texts(
-    messages: Sequence[ModelMessage], snapshots: Sequence[Snapshot | None], secrets: Masker | None
+    messages: Sequence[ModelMessage],
+    snapshots: Sequence[Snapshot | None],
+    secrets: Masker | None,
+    rendered: dict[int, Any] | None = None,
 ) -> list[bytes]:
     """`history_texts` for the messages a step added, one message at a time.
 
     All guides are taken before anything is rendered, as a whole-history dump would: a failed python-mode
     dump anywhere must reach the full path (which tells FP-9 from a real error) before a refusal elsewhere
     decides the outcome, and an iterator must be refused before rendering consumes it. A message with a
-    snapshot is plain and needs no guide.
+    snapshot is plain and needs no guide. `rendered` collects, by message id, the masked JSON rendering of
+    each message whose rendering needed no reordering: what `ModelMessagesTypeAdapter` dumps for it, masked.
     """
     try:
         guides = [
@@ -231,6 +248,12 @@ def new_message_texts(
     specials = [guide is not None and inspect_guide(guide) for guide in guides]
     texts: list[bytes] = []
     for message, guide, special in zip(messages, guides, specials, strict=True):
-        rendered = _dump_message(message, 'json')
-        texts.append(_finish_message(order(rendered, guide) if special else rendered, secrets))
+        dumped = _dump_message(message, 'json')
+        if special:
+            texts.append(_finish_message(order(dumped, guide), secrets))
+            continue
+        masked = secrets.mask(dumped) if secrets is not None else dumped
+        if rendered is not None:
+            rendered[id(message)] = masked
+        texts.append(canonical(_strip_volatile(masked)).encode('ascii'))
     return texts

@@ -25,7 +25,7 @@ from ._settings import settings_text
 if TYPE_CHECKING:
     from hashlib import _Hash
 
-__all__ = ('VERIFY_ENV_VAR', 'ModelFingerprinter', 'RequestPreparer')
+__all__ = ('VERIFY_ENV_VAR', 'ModelFingerprinter', 'Renderings', 'RequestPreparer')
 
 _T = TypeVar('_T')
 
@@ -102,6 +102,33 @@ class RequestPreparer:
         return self._last.get(inputs, lambda: model.prepare_request(settings, params))
 
 
+class Renderings:
+    """The masked JSON rendering of each message one `fingerprint` call rendered, for the step it fingerprinted.
+
+    A model step records what its request added to the conversation (XP-5), which is what the fingerprint
+    has just rendered: handing the renderings over saves dumping the same messages a second time. They are
+    what `ModelMessagesTypeAdapter.dump_python(messages, mode='json')` gives, masked; a message whose
+    fingerprint rendering was reordered (FP-8) has none.
+    """
+
+    __slots__ = ('_by_id', '_generation', '_messages', '_secrets')
+
+    def __init__(
+        self, by_id: dict[int, Any], messages: list[ModelMessage], secrets: Masker | None, generation: int | None
+    ) -> None:
+        self._by_id = by_id
+        self._messages = messages  # keeps the ids in `_by_id` from being reused
+        self._secrets = secrets
+        self._generation = generation
+
+    def of(self, messages: Sequence[ModelMessage]) -> list[Any] | None:
+        """The renderings of `messages`, or `None` unless each was rendered and no secret was registered since."""
+        if self._secrets is not None and self._secrets.generation != self._generation:
+            return None
+        found = [self._by_id.get(id(message)) for message in messages]
+        return None if None in found else found
+
+
 class ModelFingerprinter:
     """Model request fingerprints for one agent run, in time proportional to what is new (PERF-1).
 
@@ -139,6 +166,9 @@ class ModelFingerprinter:
         self._verify = _verify_enabled()
         self._params = _ParamsCache()
         self._generation: int | None = None
+        self._rendered: dict[int, Any] = {}
+        """The masked JSON rendering of each message the last call rendered, by id (see `take_renderings`)."""
+        self._rendered_messages: list[ModelMessage] = []
         self._reset()
 
     def _reset(self) -> None:
@@ -161,6 +191,7 @@ class ModelFingerprinter:
 
         Returns `None` and logs one warning when the request cannot be fingerprinted (FP-11).
         """
+        self._rendered, self._rendered_messages = {}, []
         try:
             digest: str | None = self._digest(identity, messages, settings, params)
         except Exception as error:
@@ -200,9 +231,11 @@ class ModelFingerprinter:
         start = self._reusable_prefix(history)
         new = history[start:]
         snapshots = [snapshot_of(message) for message in new]
+        self._rendered_messages = new
         try:
-            texts = new_message_texts(new, snapshots, self._secrets)
+            texts = new_message_texts(new, snapshots, self._secrets, self._rendered)
         except NeedsFullPath:
+            self._rendered = {}
             self._reset()
             return full_digest(identity, history, settings, params, self._secrets)
         tail = request_tail(identity, settings_text(settings), self._params.text(params))
@@ -210,6 +243,16 @@ class ModelFingerprinter:
         hasher = self._hasher.copy()
         hasher.update(tail)
         return hasher.hexdigest()
+
+    def take_renderings(self) -> Renderings:
+        """Hand over what the last `fingerprint` call rendered; the next call starts with none.
+
+        Taken right after the call, so a step never gets another step's renderings (say, when its own
+        request could not be fingerprinted at all).
+        """
+        taken = Renderings(self._rendered, self._rendered_messages, self._secrets, self._generation)
+        self._rendered, self._rendered_messages = {}, []
+        return taken
 
     def _reusable_prefix(self, history: list[ModelMessage]) -> int:
         """How many leading messages the running hash still covers; resets or rewinds it where they changed."""

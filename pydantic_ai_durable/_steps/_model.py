@@ -20,6 +20,7 @@ from pydantic_ai.tools import RunContext
 
 from .._active_run import ActiveRun
 from .._core import Kind, Step
+from .._fingerprint import Renderings
 from ._codec import HOLD_RESPONSES, Unencoded
 from ._pipeline import Body, Decoder, StepKind
 
@@ -40,6 +41,8 @@ class ModelRequest(StepKind):
     ctx: RunContext[Any]
     request_fingerprint: str | None
     """The request's fingerprint as the serving model sees it (FP-1, FP-2, A-7), computed by `of`."""
+    renderings: Renderings
+    """What computing the fingerprint rendered of the messages, reused to record what the request sent (XP-5)."""
     continuation: bool = field(default=False, init=False)
     """It continues a suspended response: not a new request for pydantic-ai's count (U-5)."""
     had_credit: bool = field(default=False, init=False)
@@ -69,7 +72,10 @@ class ModelRequest(StepKind):
         params = cast(ModelRequestParameters, params)
         ctx = cast('RunContext[Any]', ctx)
         fingerprint = await active.fingerprint_model_request(model_id, messages, settings, params, ctx)
-        return cls(name, True, decoder, hands_on, body, model_id, messages, settings, params, ctx, fingerprint)
+        renderings = active.fingerprinter.take_renderings()
+        return cls(
+            name, True, decoder, hands_on, body, model_id, messages, settings, params, ctx, fingerprint, renderings
+        )
 
     def fingerprint(self, active: ActiveRun) -> str | None:
         messages = self.messages
@@ -96,10 +102,11 @@ class ModelRequest(StepKind):
         active.ledger.record_live_model_request(had_request_credit=self.had_credit)  # may stop the request (U-13)
         await active.spend.request_sent(continuation=self.continuation)
         # What this request added to the conversation, so the run reads back as messages (XP-5).
-        sent: dict[str, Any] = {
-            'from': self.start,
-            'messages': active.mask(ModelMessagesTypeAdapter.dump_python(self.messages[self.start :], mode='json')),
-        }
+        added = self.messages[self.start :]
+        rendered = self.renderings.of(added)  # one dump of each new message, not two (issue 51)
+        if rendered is None:
+            rendered = cast('list[Any]', active.mask(ModelMessagesTypeAdapter.dump_python(added, mode='json')))
+        sent: dict[str, Any] = {'from': self.start, 'messages': rendered}
         if _STAMPS_MODEL_ID:  # the agent stamps it on the response after this step recorded it
             sent['model_id'] = _serving_model_id(self.model_id, self.ctx)
         self.sent = sent
