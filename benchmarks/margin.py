@@ -186,6 +186,15 @@ def _dump(label: str) -> None:
 # -- the parent: rounds, medians, margins ---------------------------------------------------------------
 
 
+def _child_env(package: Path) -> dict[str, str]:
+    """The measured child's environment: the package under test, a fixed hash seed, and the fingerprint
+    equality switch off (CI sets it for the tests; on, every model fingerprint is computed twice, about
+    three times what recording adds, which would be measured as the package's cost)."""
+    env = {**os.environ, 'PYTHONPATH': str(package), 'PYTHONHASHSEED': '0'}
+    env.pop('PYDANTIC_AI_DURABLE_VERIFY_FINGERPRINTS', None)
+    return env
+
+
 def _callgrind(out: Path) -> list[str]:
     """valgrind's callgrind, counting only while the child switches instrumentation on, writing to `out`."""
     return ['valgrind', '--tool=callgrind', '--instr-atstart=no', f'--callgrind-out-file={out}']
@@ -194,7 +203,7 @@ def _callgrind(out: Path) -> list[str]:
 def _run_child(package: Path, config: str, steps: int, directory: Path, measure: str) -> float:
     """One measured run: its instructions (callgrind) or its CPU seconds."""
     directory.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, 'PYTHONPATH': str(package), 'PYTHONHASHSEED': '0'}
+    env = _child_env(package)
     command = [sys.executable, __file__, '--child', config, str(steps), str(directory), measure]
     out = directory / 'callgrind.out'
     if measure == 'callgrind':
@@ -280,7 +289,7 @@ def quick_margin(small: int, large: int, package: Path = ROOT) -> dict[str, floa
     """
     with tempfile.TemporaryDirectory(prefix='margin-ceiling-') as tmp:
         out = Path(tmp) / 'callgrind.out'
-        env = {**os.environ, 'PYTHONPATH': str(package), 'PYTHONHASHSEED': '0'}
+        env = _child_env(package)
         command = [*_callgrind(out), sys.executable, __file__, '--ceiling-child', str(small), str(large), tmp]
         result = subprocess.run(command, env=env, capture_output=True, text=True)
         if result.returncode != 0:
