@@ -31,7 +31,7 @@ __all__ = ('ActiveRun', 'ModelResolver', 'activated', 'active_run')
 log = logging.getLogger('pydantic_ai_durable')
 
 ModelResolver = Callable[[str | None, RunContext[Any]], Awaitable[Model]]
-"""The model a request with this model id goes to (the capability's resolver, A-7)."""
+"""The model a request with this model id goes to (the capability's resolver)."""
 
 
 @dataclass
@@ -47,15 +47,15 @@ class ActiveRun:
     preparer: RequestPreparer = field(default_factory=RequestPreparer)
     sent_upto: int = 0
     """How many messages of the history the run's model requests have recorded so far, with their
-    responses: the next request records only what follows (XP-5)."""
+    responses: the next request records only what follows."""
     deferred_tools: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    """The tool metadata of each call the run was asked to decide, by call id: its record lists it (WT-1)."""
+    """The tool metadata of each call the run was asked to decide, by call id: its record lists it."""
 
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)
 
     def tool_spend(self, payload: object, nested: NestedUsage | None = None) -> dict[str, Any] | None:
-        """Count a finished live tool call (pydantic-ai counts only successful ones, U-4) and its nested usage."""
+        """Count a finished live tool call (pydantic-ai counts only successful ones) and its nested usage."""
         return self.spend.tool_call_finished(is_successful_tool_payload(payload), nested)
 
     async def fingerprint_model_request(
@@ -66,7 +66,7 @@ class ActiveRun:
         params: ModelRequestParameters,
         ctx: RunContext[Any],
     ) -> str | None:
-        """Fingerprint a request as the model it goes to will see it (FP-1, FP-2, A-7)."""
+        """Fingerprint a request as the model it goes to will see it (A-7)."""
         step = self.run.next_position
         try:
             model = await self.resolve_model(model_id, ctx)

@@ -1,8 +1,8 @@
-"""An attempt: one activation of an execution key, over the journals its runs use (R-2, B-5, C, S-2).
+"""An attempt: one activation of an execution key, over the journals its runs use.
 
 It opens each journal once (reachability, lease, execution record), numbers the runs it starts, guards
 every journal call its runs make (a failing store is retried for `write_timeout` seconds, then the attempt
-stops, JF-1, JF-2), and at the end cleans up, records the outcome, releases its leases and logs what it
+stops), and at the end cleans up, records the outcome, releases its leases and logs what it
 replayed and recorded. The replay decisions themselves are the runs' (`_run`).
 """
 
@@ -49,7 +49,7 @@ CleanupMode = Literal['keep', 'execution', 'run']
 replays it), delete the whole `execution`, or delete each `run` as it succeeds."""
 
 _AUTO_PRUNE = 8
-"""How many expired executions the end of a successful attempt deletes at most (FN-2)."""
+"""How many expired executions the end of a successful attempt deletes at most."""
 _RETRY_FIRST = 0.02
 """The first pause between tries of a failing journal call (seconds); it doubles after each try."""
 _RETRY_MAX = 0.5
@@ -67,7 +67,7 @@ class Attempt:
     It numbers the runs it starts (R-3, R-4), holds each journal's lease and execution record, and at
     the end cleans up (C-rules) and logs the summary (S-2). Every journal call it makes for its runs
     goes through `store` / `load`, which retry a failing store for `write_timeout` seconds and then
-    stop the attempt (JF-1, JF-2).
+    stop the attempt.
     """
 
     def __init__(
@@ -110,27 +110,27 @@ class Attempt:
         self.write_timeout = float(write_timeout)
         self.rerun_unjournalable = rerun_unjournalable
         self.retention = FROM_JOURNAL if retention is FROM_JOURNAL else retention_seconds(retention)
-        """Seconds a finished execution is kept (`None`: until pruned); unset: the journal's (FN-1)."""
+        """Seconds a finished execution is kept (`None`: until pruned); unset: the journal's."""
         self.metadata = check_metadata(metadata)
         self.fixed_metadata = tuple(fixed_metadata)
-        """Metadata fields every attempt must bring as the execution recorded them (FL-12)."""
+        """Metadata fields every attempt must bring as the execution recorded them."""
         self.on_divergence: DivergenceMode | None = on_divergence
-        """The execution's divergence policy; `None` leaves it to each capability, then `"run_live"` (DV-3)."""
+        """The execution's divergence policy; `None` leaves it to each capability, then `"run_live"`."""
         self.serves = serves
-        """Whether a recorded tool payload is a result that may serve a later call by its arguments (DV-2)."""
+        """Whether a recorded tool payload is a result that may serve a later call by its arguments."""
         self.tag = token_hex(6)
-        """Names the side effects this attempt's live tool steps perform: `{tag}.{position}` (DV-2)."""
+        """Names the side effects this attempt's live tool steps perform: `{tag}.{position}`."""
         self.stats = Stats()
         self.number = 1
         self.holder = new_holder()
         self.broken: JournalUnavailable | None = None
-        """Set once a journal write failed for good: no step of this attempt starts after it (JF-2)."""
+        """Set once a journal write failed for good: no step of this attempt starts after it."""
         self._states: dict[object, StoreHold] = {}
         self._opening: dict[object, asyncio.Future[StoreHold]] = {}
         self._taking = 0
         """Openings between `start_holding` and their end: while any runs, the holder may come to hold a lease."""
         self._abandoned = False
-        """Set when the entry failed: an opening that ends after it gives its lease back at once (B-18)."""
+        """Set when the entry failed: an opening that ends after it gives its lease back at once."""
         self._top_runs = 0
         self._nested: Counter[tuple[str, int]] = Counter()
         self.runs: list[Run] = []
@@ -155,7 +155,7 @@ class Attempt:
             raise JournalUnavailable(str(self.broken))
 
     async def ensure(self, state: StoreHold) -> None:
-        """`check`, and make sure the lease still holds; called right before a step's body (B-10)."""
+        """`check`, and make sure the lease still holds; called right before a step's body."""
         self.check(state)
         await state.keeper.ensure()
 
@@ -253,7 +253,7 @@ class Attempt:
             raise
 
     async def enter(self, journal: Journal) -> None:
-        """Open the execution's own journal as the scope is entered; an entry that fails holds nothing (B-18)."""
+        """Open the execution's own journal as the scope is entered; an entry that fails holds nothing."""
         try:
             await self.open(journal)
         except BaseException:
@@ -290,15 +290,15 @@ class Attempt:
         finally:
             self._taking -= 1
             if not self._states and not self._taking:
-                end_holding(self.holder)  # an attempt that holds no lease is no holder (B-18, JF-3)
+                end_holding(self.holder)  # an attempt that holds no lease is no holder (JF-3)
         return state
 
     async def _take(self, journal: Journal) -> StoreHold:
-        """Take the lease and mark the execution running; on any failure, give the lease back (B-5, B-18)."""
+        """Take the lease and mark the execution running; on any failure, give the lease back."""
         keeper = LeaseKeeper(journal, self.key, self.holder, self.lease_ttl)
         try:
             lease = await keeper.acquire()
-        except JournalError:  # JournalUnavailable, or EncryptionMismatch: a sealed journal without keys (EN-6)
+        except JournalError:  # JournalUnavailable, or EncryptionMismatch: a sealed journal without keys
             raise
         except Exception as exc:
             raise JournalUnavailable(
@@ -323,12 +323,12 @@ class Attempt:
     async def _start_record(self, state: StoreHold) -> None:
         """Read the execution record (a wrong shape counts as empty, B-3) and mark this attempt running.
 
-        A record that cannot be read is an error, never an empty execution (JF-1): starting afresh
+        A record that cannot be read is an error, never an empty execution: starting afresh
         would run every recorded step again.
         """
         journal = state.journal
         stored = await self._load(journal, 'the execution record', lambda: journal.read_execution(self.key))
-        check_not_importing(self.key, stored)  # what a killed import left is no execution (XP-2)
+        check_not_importing(self.key, stored)  # what a killed import left is no execution
         known = readable(stored, f'Execution {self.key!r}: its record') if stored is not None else None
         record: dict[str, Any] = known if known is not None else {}
         listed = record.get('runs')
@@ -336,7 +336,7 @@ class Attempt:
         attempts = record.get('attempts')
         self.number = (attempts if type(attempts) is int else 0) + 1
         check_same_work(self.key, record.get('metadata'), self.metadata, self.fixed_metadata)  # before any write
-        record.pop('retention', None)  # running again: out of retention's reach until it ends (FN-2)
+        record.pop('retention', None)  # running again: out of retention's reach until it ends
         record.pop('finished', None)
         if self.metadata is not None:
             record['metadata'] = self.metadata
@@ -401,7 +401,7 @@ class Attempt:
         run_key = self._next_run_key(journal)
         state = await self.open(journal)
         self.check(state)
-        if run_key not in state.runs:  # R-6
+        if run_key not in state.runs:  # R-6: a run is registered when it starts
             state.runs.append(run_key)
             await self._write_record(state)
         snapshot = await self._load(
@@ -462,7 +462,7 @@ class Attempt:
             except Exception as exc:
                 log.warning('Execution %r: cleanup failed (%s); its entries stay in the journal.', self.key, exc)
             if lost is None and isinstance(keeper.lost, LeaseLost):
-                lost = keeper.lost  # a dead process writes nothing above; a stale attempt may not (B-9)
+                lost = keeper.lost  # a dead process writes nothing above; a stale attempt may not
             await keeper.release()
         end_holding(self.holder)
         if error is None:

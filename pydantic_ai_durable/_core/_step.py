@@ -1,4 +1,4 @@
-"""A step: the run's handle on one claimed position, and the hooks around a live step's body (R-4, H-3).
+"""A step: the run's handle on one claimed position, and the hooks around a live step's body.
 
 Above the journal core, one module holds a `Step` (the step pipeline, `_steps/_pipeline.py`): it replays
 its payload, or runs its body under `executing()` and records what it returned. The step passes each of
@@ -24,7 +24,7 @@ from ._stats import Stats
 __all__ = ('STEP_OBSERVER', 'RunView', 'SimulatedCrash', 'Step', 'StepPoint', 'current_step')
 
 _EXECUTING: ContextVar[Step | None] = ContextVar('pydantic_ai_durable.executing', default=None)
-"""The step whose live body runs in this task; a run started under it is nested (R-4, R-5)."""
+"""The step whose live body runs in this task; a run started under it is nested (R-5)."""
 
 StepPoint = Literal['before_body', 'after_body', 'after_record']
 """The boundaries of a live step where the test harness can crash it (H-3)."""
@@ -101,17 +101,17 @@ class Step:
     replayed: bool = False
     payload: Any = None
     redacted: bool = False
-    """The entry at this position holds only a redacted copy of the result (secrets masked), so it runs live (K-8)."""
+    """The entry at this position holds only a redacted copy of the result (secrets masked), so it runs live."""
     call: str | None = None
-    """Digest of the tool call's name and arguments, without its call id: what argument matching compares (DV-2)."""
+    """Digest of the tool call's name and arguments, without its call id: what argument matching compares."""
     origin: str | None = None
     """Identity of the side effect this step's result stands for: its own when live, the matched one's otherwise."""
     by_arguments: bool = False
-    """It replays the recorded result of an earlier call with the same name and arguments (DV-2)."""
+    """It replays the recorded result of an earlier call with the same name and arguments."""
     rerun: bool = False
-    """It ran in an earlier attempt but its result could not be journaled, and runs again on request (JF-5)."""
+    """It ran in an earlier attempt but its result could not be journaled, and runs again on request."""
     started: float | None = None
-    """When its live body started (epoch seconds), kept in its entry for the console's timeline (UI-2)."""
+    """When its live body started (epoch seconds), kept in its entry for the console's timeline."""
 
     @property
     def live_by_rule(self) -> str | None:
@@ -134,13 +134,13 @@ class Step:
             _EXECUTING.reset(token)
 
     async def start(self) -> None:
-        """Call right before the live body: stops the attempt if it may no longer run steps (B-10, JF-2)."""
+        """Call right before the live body: stops the attempt if it may no longer run steps."""
         await self.ensure_attempt()
         self.started = time.time()
         self.reached('before_body')
 
     async def ensure_attempt(self) -> None:
-        """Stop here if the attempt lost its lease or its journal (B-10, JF-2); a body must not run then."""
+        """Stop here if the attempt lost its lease or its journal; a body must not run then."""
         await self.run.attempt.ensure(self.run.state)
 
     async def record(
@@ -169,5 +169,5 @@ class Step:
         self.run.writes.note_error(self, error)
 
     def reject(self, reason: str = 'recorded result no longer loads') -> None:
-        """Undo a replay whose payload no longer decodes, or no longer holds (DV-1); see `Run.reject`."""
+        """Undo a replay whose payload no longer decodes, or no longer holds; see `Run.reject`."""
         self.run.reject(self, reason)

@@ -1,4 +1,4 @@
-"""Fingerprints of model requests and tool calls (FP-1..FP-14, PERF-1).
+"""Fingerprints of model requests and tool calls (the FP rules, PERF-1).
 
 A journal entry is matched by position; its fingerprint says whether the recorded step was asked the
 same thing as the live one. A digest therefore has to be identical in every process that asks the same
@@ -6,8 +6,8 @@ question (no hash-seed order, no `repr` of live objects, nothing that pydantic-a
 and has to differ whenever the model or the tool would be asked something else. When neither can be
 guaranteed the fingerprint is `None`, which the journal treats as "unverified".
 
-Modules, bottom up: `_canonical` (canonical JSON, FP-6, FP-8), `_settings` (which settings count, FP-4),
-`_history` (the message history, FP-3), `_request` (a model request from scratch, FP-1..FP-5),
+Modules, bottom up: `_canonical` (canonical JSON), `_settings` (which settings count),
+`_history` (the message history), `_request` (a model request from scratch),
 `_digests` (tool calls, events, a run's start) and `_incremental` (the running hash, PERF-1).
 """
 

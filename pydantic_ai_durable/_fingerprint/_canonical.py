@@ -49,7 +49,7 @@ def canonical(value: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# FP-8: set ordering and refusals, driven by a python-mode "guide" dump
+# set ordering and refusals, driven by a python-mode "guide" dump
 # ---------------------------------------------------------------------------------------------------------
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -65,7 +65,7 @@ def _is_iterator(value: object) -> bool:
 
 
 def inspect_guide(guide: Any) -> bool:
-    """Whether `guide` holds anything FP-8 must handle (a set, a non-string key); refuse an iterator.
+    """Whether `guide` holds anything the canonical form must handle (a set, a non-string key); refuse an iterator.
 
     This runs before the JSON rendering, because rendering would consume an iterator the caller still
     needs (FP-8 a). Most messages hold nothing special, and then their rendering is used untouched.
@@ -256,7 +256,7 @@ def _order_dict(rendered: Any, guide: dict[Any, Any]) -> Any:
 
 
 def order(rendered: Any, guide: Any) -> Any:
-    """Walk a rendering and its guide together, sorting located sets and refusing per FP-8."""
+    """Walk a rendering and its guide together, sorting located sets and refusing what has no reproducible order."""
     if type(guide) in _SCALARS:
         return rendered
     if isinstance(guide, (set, frozenset)):
@@ -274,7 +274,7 @@ def order(rendered: Any, guide: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# FP-6: settings values and tool arguments
+# settings values and tool arguments
 # ---------------------------------------------------------------------------------------------------------
 
 

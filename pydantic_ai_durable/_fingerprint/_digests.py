@@ -1,4 +1,4 @@
-"""The small fingerprints: a tool call (FP-7) and its call digest (DV-2), an event (FP-14), a run's start (M-5).
+"""The small fingerprints: a tool call and its call digest, an event, a run's start.
 
 Each is the sha256 of a short canonical text. A tool call's arguments are rendered once for both its
 fingerprint (with the call id) and its call digest (without it, what argument matching compares); an
@@ -34,7 +34,7 @@ def fingerprint_tool_call(name: str, args: object, tool_call_id: str | None) -> 
 
 
 def tool_call_digests(name: str, args: object, tool_call_id: str | None) -> tuple[str | None, str | None]:
-    """The tool call's fingerprint (FP-7) and its call digest: the same rendering without the call id (DV-2).
+    """The tool call's fingerprint and its call digest: the same rendering without the call id (DV-2).
 
     A model asked again gives its calls new ids, so only the digest of name and arguments can tell that
     a live call asks for what a recorded one did. Both come from one rendering of the arguments; both are
@@ -51,7 +51,7 @@ def tool_call_digests(name: str, args: object, tool_call_id: str | None) -> tupl
 
 
 def call_digest(name: str, args: object) -> str | None:
-    """The call digest of a tool call as the model wrote it, or `None` when it cannot be rendered (DV-2)."""
+    """The call digest of a tool call as the model wrote it, or `None` when it cannot be rendered."""
     try:
         return _call_hash(render_value(copy.deepcopy(args)), canonical(name))
     except Exception:
@@ -68,7 +68,7 @@ def fingerprint_event(event: object) -> str:
     The results of a parallel batch of tool calls reach the handler in the order they finish, which a
     resumed run does not repeat (replayed calls finish at once), so the content of the event at a position
     is not stable while its kind is. A fingerprint of its own lets the step replay at its position even when
-    the step claimed before it ran live, which M-5 forbids a step without one.
+    the step claimed before it ran live, which a step without one may not do.
     """
     kind = getattr(event, 'event_kind', None)
     text = f'{{"event":{canonical(kind if isinstance(kind, str) else type(event).__name__)}}}'

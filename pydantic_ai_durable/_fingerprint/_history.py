@@ -26,7 +26,7 @@ __all__ = ('Masker', 'NeedsFullPath', 'Snapshot', 'history_texts', 'new_message_
 
 
 class Masker(Protocol):
-    """What fingerprinting needs from the secret registry (K-1, K-7).
+    """What fingerprinting needs from the secret registry.
 
     The history is masked before hashing so that a replayed history, whose tool results hold `***`,
     hashes like the live one that holds the secret. `generation` lets a cache of masked renderings notice
@@ -81,7 +81,7 @@ def _strip_volatile(message: Any) -> Any:
 
 
 def _finish_message(rendered: Any, secrets: Masker | None) -> bytes:
-    """Mask, then drop volatile fields, then encode (FP-3's order)."""
+    """Mask, then drop volatile fields, then encode, in the rule's order."""
     masked = secrets.mask(rendered) if secrets is not None else rendered
     return canonical(_strip_volatile(masked)).encode('ascii')
 

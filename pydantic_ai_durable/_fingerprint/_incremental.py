@@ -83,7 +83,7 @@ class _ParamsCache:
 
 
 class RequestPreparer:
-    """`model.prepare_request` for fingerprints, reused while its inputs stay equal (FP-2, PERF-1).
+    """`model.prepare_request` for fingerprints, reused while its inputs stay equal (PERF-1).
 
     The model prepares every request again itself; the fingerprint only needs what preparing yields, and
     comparing the inputs with the previous call's costs a small part of preparing them again.
@@ -105,10 +105,10 @@ class RequestPreparer:
 class Renderings:
     """The masked JSON rendering of each message one `fingerprint` call rendered, for the step it fingerprinted.
 
-    A model step records what its request added to the conversation (XP-5), which is what the fingerprint
+    A model step records what its request added to the conversation, which is what the fingerprint
     has just rendered: handing the renderings over saves dumping the same messages a second time. They are
     what `ModelMessagesTypeAdapter.dump_python(messages, mode='json')` gives, masked; a message whose
-    fingerprint rendering was reordered (FP-8) has none.
+    fingerprint rendering was reordered (a set sorted) has none.
     """
 
     __slots__ = ('_by_id', '_generation', '_messages', '_secrets')
@@ -158,7 +158,7 @@ class ModelFingerprinter:
     `PYDANTIC_AI_DURABLE_VERIFY_FINGERPRINTS=1` every call is also computed from scratch and a difference
     raises `AssertionError`; that is meant for test suites, not production.
 
-    A history that needs FP-9 (a set of models somewhere) is fingerprinted from scratch every time.
+    A history that needs its sets sorted (a set of models somewhere) is fingerprinted from scratch every time.
     """
 
     def __init__(self, *, secrets: Masker | None = None) -> None:

@@ -108,7 +108,7 @@ def installed_settings_keys() -> dict[str, list[str]]:
 
 
 def _derive_transport_only() -> frozenset[str]:
-    """FP-4's set: fixed names plus every installed provider's prompt-cache setting."""
+    """The transport-only set: fixed names plus every installed provider's prompt-cache setting."""
     derived: set[str] = set()
     try:
         for keys in installed_settings_keys().values():
@@ -120,11 +120,11 @@ def _derive_transport_only() -> frozenset[str]:
 
 TRANSPORT_ONLY_SETTINGS: frozenset[str] = _derive_transport_only()
 """Model settings left out of model fingerprints: they change how a request travels or what the provider
-caches, never the answer (FP-4)."""
+caches, never the answer."""
 
 
 def settings_text(settings: Mapping[str, Any] | None) -> str:
-    """FP-4: the settings that can change the answer, or `null` when there are none."""
+    """The settings that can change the answer, or `null` when there are none."""
     if not settings:
         return 'null'
     kept = {key: value for key, value in settings.items() if key not in TRANSPORT_ONLY_SETTINGS}

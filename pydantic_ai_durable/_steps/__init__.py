@@ -7,8 +7,8 @@ listings verified by listing again), `_leaf` (leaf toolsets pydantic-ai does not
 (output functions). Where steps come from: `_backend` (every durable operation pydantic-ai routes), the
 leaf toolset wrapper in `_leaf`, and output processing in `_output`. Beside them: `_payloads` (the recorded
 form of tool outcomes), `_codec` (pydantic-ai's payload codec, with the decoded replay passed through),
-`_opt_out` (A-9) and `_warm` (encoders built before the first request); `_waiting` notes the calls a run
-ends waiting on and hands it the recorded decisions (WT-1, WT-3).
+`_opt_out` (tools that never replay) and `_warm` (encoders built before the first request); `_waiting`
+notes the calls a run ends waiting on and hands it the recorded decisions.
 """
 
 from ._backend import DurableBackend as DurableBackend

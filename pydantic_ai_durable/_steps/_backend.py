@@ -2,8 +2,8 @@
 
 `execute` tells which kind of step an operation is (a model request, a tool call, an event, a capability
 operation, a tool discovery, or an operation of a later release) and hands it to the step pipeline
-(`_pipeline`), which claims, replays or runs it live and records it the same way for every kind (A-5, A-6).
-It also binds operations, once each, keeping the decoder a replay is checked with (X-1, X-4).
+(`_pipeline`), which claims, replays or runs it live and records it the same way for every kind (A-5).
+It also binds operations, once each, keeping the decoder a replay is checked with.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         self._names = (agent_name, default_model_id)
         self._opted_out = opted_out
         self._decoders: dict[DurableOperationId, Decoder] = {}
-        self._hands_on: set[DurableOperationId] = set()  # operations a replay returns `Loaded` to (X-4)
+        self._hands_on: set[DurableOperationId] = set()  # operations a replay returns `Loaded` to
         self._bound: dict[DurableOperationId, BoundDurableOperation[Any, Any, Any]] = {}
 
     def serves(self, owner: object, agent_name: str, default_model_id: str | None) -> bool:
@@ -83,7 +83,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         bound = self._bound.get(operation_id)
         if bound is None or bound.operation.handler != operation.handler:
             bound = self._bound[operation_id] = super().bind(operation)
-            warm(operation_id, bound)  # UW-3: before the first request, not inside its window
+            warm(operation_id, bound)  # before the first request, not inside its window
             load = self._decoders[operation_id] = bound.operation.result_codec.load
             if hands_on_loaded(load):
                 self._hands_on.add(operation_id)
@@ -107,7 +107,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
                     return await body()
                 return await run_step(active, self._tool_call(operation_id, name, body, cache_key))
         if active is None or isinstance(operation_id, ToolsetValidateToolArgumentsId):
-            return await body()  # inert (R-1), or argument validation: local and free, no position (P-7)
+            return await body()  # inert, or argument validation: local and free, no position (P-7)
         decoder = self._decoders.get(operation_id)
         hands_on = operation_id in self._hands_on
         if isinstance(operation_id, ModelRequestId):
@@ -140,7 +140,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         tool_name, args, ctx = cache_key[:3]
         tool = cache_key[3] if len(cache_key) > 3 else None
         call_ctx = cast('RunContext[Any]', ctx)
-        replayable = tool_is_replayable(tool) and not self._opted_out(operation_id.toolset_id)  # A-9
+        replayable = tool_is_replayable(tool) and not self._opted_out(operation_id.toolset_id)
         decoder, hands_on = self._decoders.get(operation_id), operation_id in self._hands_on
         # name, replayable, decoder, hands_on, tool name, arguments, call id, run context, body
         return RoutedToolCall(
@@ -150,7 +150,7 @@ class DurableBackend(JournalCallableOperationBackend[None]):
 
 @contextmanager
 def _naming_the_tool(tool_name: str) -> Iterator[None]:
-    """Name the tool in a `JournalError` its result raised: the codec that raises it does not know it (T-4)."""
+    """Name the tool in a `JournalError` its result raised: the codec that raises it does not know it."""
     try:
         yield
     except JournalUnavailable:

@@ -42,9 +42,9 @@ _UNSEEN = object()
 
 
 def not_journalable(error: BaseException, value: object = _UNSEEN) -> ResultNotJournalable:
-    """The error for a result the journal cannot hold; the same value fails on every attempt (T-4).
+    """The error for a result the journal cannot hold; the same value fails on every attempt.
 
-    It names the step whose body produced the result, so the journal fences that step (JF-5); with the
+    It names the step whose body produced the result, so the journal fences that step; with the
     value at hand, its shape tells a result nested too deeply from a circular one (JF-6).
     """
     reason = why_not_journalable(error) if value is _UNSEEN else why_not_journalable(error, value)
@@ -80,13 +80,13 @@ class PayloadCodec:
 
     def load(self, tp: Any, payload: Any) -> Any:
         if type(payload) is Loaded:
-            return payload.value  # decoded once already, by the replay's load check (X-4)
+            return payload.value  # decoded once already, by the replay's load check
         return JSON_CODEC.load(tp, payload)
 
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """A replayed payload as the load check before the replay decoded it (X-1), handed on as it is (X-4).
+    """A replayed payload as the load check before the replay decoded it, handed on as it is.
 
     pydantic-ai loads whatever `execute` returns; a `Loaded` passes through `PayloadCodec.load` untouched,
     so a replayed step is decoded once, not twice, and the value pydantic-ai gets is the one checked.
@@ -117,7 +117,7 @@ class Unencoded:
     response: ModelResponse
 
     def encode(self) -> Any:
-        """The payload pydantic-ai's codec would have returned, failing the way it would (T-4, JF-5)."""
+        """The payload pydantic-ai's codec would have returned, failing the way it would."""
         try:
             return self.codec.encode(self.tp, self.response)
         except (PydanticSerializationError, TypeError) as exc:

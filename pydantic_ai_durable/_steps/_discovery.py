@@ -1,4 +1,4 @@
-"""Tool discovery is verified by listing again: a toolset whose tools changed since the recording diverges (DV-1).
+"""Tool discovery is verified by listing again: a toolset whose tools changed since the recording diverges.
 
 A discovery step (a dynamic toolset's or an MCP server's `get_tools`, an MCP server's instructions) has no
 input worth fingerprinting before the call: its toolset id and kind are already in the step's name. What can

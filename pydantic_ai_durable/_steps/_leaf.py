@@ -1,4 +1,4 @@
-"""Journaling for leaf toolsets pydantic-ai does not run as durable units (A-8, P-5, T-rules).
+"""Journaling for leaf toolsets pydantic-ai does not run as durable units (P-5, T-rules).
 
 Function, dynamic and MCP toolsets are journaled by pydantic-ai's own durable wrappers. Any other
 leaf (a custom `AbstractToolset`, an `ExternalToolset`) would silently run again on every retry,
@@ -61,7 +61,7 @@ class DurableLeafToolset(WrapperToolset[AgentDepsT]):
             LeafCall(
                 name=self.step_name(name),
                 replayable=not toolset_opts_out(self.wrapped),
-                decoder=load_outcome,  # values are returned, control-flow signals raised (T-5), decoded once (X-4)
+                decoder=load_outcome,  # values are returned, control-flow signals raised, decoded once
                 hands_on=False,
                 tool_name=name,
                 args=tool_args,
@@ -75,7 +75,7 @@ class DurableLeafToolset(WrapperToolset[AgentDepsT]):
 
 @dataclass
 class LeafCall(ToolCall):
-    """A call of a leaf toolset's tool: counted as a tool call, its outcome encoded by the package (T-1..T-6)."""
+    """A call of a leaf toolset's tool: counted as a tool call, its outcome encoded by the package."""
 
     toolset: AbstractToolset[Any]
     tool: ToolsetTool[Any]

@@ -1,10 +1,9 @@
 """A model request as a step: fingerprinted as the model will see it, its response counted before it is encoded.
 
-What a model request does its own way in the pipeline: its fingerprint is the request as the serving model
-sees it (FP-1, FP-2), the usage ledger settles its credits before the claim and is credited for a replay
-(U-3, U-13), the request is counted before it goes out and the response's tokens before it is encoded, so
-they ride in the entry's commit (U2-1, UW-1), and the entry records what the request added to the
-conversation (XP-5).
+What a model request does its own way in the pipeline (A-6): its fingerprint is the request as the
+serving model sees it, the usage ledger settles its credits before the claim and is credited for a
+replay, the request is counted before it goes out and the response's tokens before it is encoded, so
+they ride in the entry's commit (U2-1), and the entry records what the request added to the conversation.
 """
 
 from __future__ import annotations
@@ -40,19 +39,19 @@ class ModelRequest(StepKind):
     params: ModelRequestParameters
     ctx: RunContext[Any]
     request_fingerprint: str | None
-    """The request's fingerprint as the serving model sees it (FP-1, FP-2, A-7), computed by `of`."""
+    """The request's fingerprint as the serving model sees it, computed by `of`."""
     renderings: Renderings
-    """What computing the fingerprint rendered of the messages, reused to record what the request sent (XP-5)."""
+    """What computing the fingerprint rendered of the messages, reused to record what the request sent."""
     continuation: bool = field(default=False, init=False)
-    """It continues a suspended response: not a new request for pydantic-ai's count (U-5)."""
+    """It continues a suspended response: not a new request for pydantic-ai's count."""
     had_credit: bool = field(default=False, init=False)
-    """The ledger had credited it as a replay before pydantic-ai's limit check (U-13)."""
+    """The ledger had credited it as a replay before pydantic-ai's limit check."""
     start: int = field(default=0, init=False)
-    """Where in the history what this request adds to the conversation starts (XP-5)."""
+    """Where in the history what this request adds to the conversation starts."""
     response: ModelResponse | None = field(default=None, init=False)
     """The live response, as the codec handed it back before encoding it."""
     snapshot: dict[str, Any] | None = field(default=None, init=False)
-    """The spend snapshot that counts the live response, stored with the entry (UW-1)."""
+    """The spend snapshot that counts the live response, stored with the entry."""
 
     @classmethod
     async def of(
@@ -86,7 +85,7 @@ class ModelRequest(StepKind):
         return self.request_fingerprint
 
     def decode(self, payload: object) -> tuple[object, ModelResponse]:
-        return _decoded_response(payload, self.decoder)  # rejected if it no longer loads (X-1)
+        return _decoded_response(payload, self.decoder)  # rejected if it no longer loads
 
     def replayed(self, active: ActiveRun, step: Step, value: object) -> object:
         decoded, response = cast('tuple[object, ModelResponse]', value)
@@ -99,7 +98,7 @@ class ModelRequest(StepKind):
         return super().replayed(active, step, decoded)
 
     async def going_live(self, active: ActiveRun, step: Step) -> None:
-        active.ledger.record_live_model_request(had_request_credit=self.had_credit)  # may stop the request (U-13)
+        active.ledger.record_live_model_request(had_request_credit=self.had_credit)  # may stop the request
         await active.spend.request_sent(continuation=self.continuation)
         # What this request added to the conversation, so the run reads back as messages (XP-5).
         added = self.messages[self.start :]
@@ -141,7 +140,7 @@ class ModelRequest(StepKind):
     def finished(self, active: ActiveRun, step: Step, payload: object) -> object:
         if self.response is not None:
             active.ledger.track_chain(self.response, self.params)
-            active.ledger.credit_argument_matches(active.run, self.response, self.params)  # U-19: calls that replay
+            active.ledger.credit_argument_matches(active.run, self.response, self.params)  # calls that replay
         return payload
 
 
@@ -157,7 +156,7 @@ def _serving_model_id(model_id: str | None, ctx: RunContext[Any]) -> str | None:
 def _decoded_response(payload: object, decode: Decoder | None) -> tuple[object, ModelResponse]:
     """A model payload decoded, with the `ModelResponse` in it (a streamed result wraps it under `response`).
 
-    Raises `ValueError` when the payload no longer loads or holds no response: a replay is then rejected (X-1).
+    Raises `ValueError` when the payload no longer loads or holds no response: a replay is then rejected.
     """
     value = decode(payload) if decode is not None else payload
     if isinstance(value, ModelResponse):

@@ -1,4 +1,4 @@
-"""Durable operations other than model requests and tool calls: steps of kind `other` (M-5, FP-14, U-16).
+"""Durable operations other than model requests and tool calls: steps of kind `other`.
 
 pydantic-ai routes events of the run's event handler, capability `@durable_operation`s, tool discovery
 and, in later releases, operations this package does not know yet. None of them is fingerprinted but an
@@ -23,7 +23,7 @@ __all__ = ('CapabilityOperation', 'EventCall', 'Operation')
 
 @dataclass
 class Operation(StepKind):
-    """An operation journaled as it is: no fingerprint (M-5), its payload encoded by pydantic-ai's codec."""
+    """An operation journaled as it is: no fingerprint, its payload encoded by pydantic-ai's codec."""
 
     body: Body
 
@@ -33,7 +33,7 @@ class Operation(StepKind):
 
 @dataclass
 class EventCall(Operation):
-    """A call of the run's event stream handler, fingerprinted by its event (FP-14)."""
+    """A call of the run's event stream handler, fingerprinted by its event."""
 
     event: object
 
@@ -43,10 +43,10 @@ class EventCall(Operation):
 
 @dataclass
 class CapabilityOperation(Operation):
-    """A capability's `@durable_operation`, whose result carries the usage it spent (U-16)."""
+    """A capability's `@durable_operation`, whose result carries the usage it spent."""
 
     def replayed(self, active: ActiveRun, step: Step, value: object) -> object:
-        return without_operation_usage(step.payload)  # the live attempt counted it already (U-16)
+        return without_operation_usage(step.payload)  # the live attempt counted it already
 
     def spent(self, active: ActiveRun, payload: object) -> dict[str, Any] | None:
         return active.spend.operation_finished(payload)

@@ -17,7 +17,7 @@ __all__ = ('opted_out_toolsets', 'tool_is_replayable', 'toolset_opts_out')
 
 
 def tool_is_replayable(tool: object) -> bool:
-    """Whether a function tool replays: tool metadata `{"durable": {"replayable": False}}` opts out (A-9)."""
+    """Whether a function tool replays: tool metadata `{"durable": {"replayable": False}}` opts out."""
     tool_def = getattr(tool, 'tool_def', tool)
     metadata = getattr(tool_def, 'metadata', None)
     durable = metadata.get('durable') if isinstance(metadata, dict) else None
@@ -25,7 +25,7 @@ def tool_is_replayable(tool: object) -> bool:
 
 
 def toolset_opts_out(toolset: object) -> bool:
-    """Whether a toolset's tools always run live: it has `replayable = False` (A-9)."""
+    """Whether a toolset's tools always run live: it has `replayable = False`."""
     return getattr(toolset, 'replayable', True) is False
 
 

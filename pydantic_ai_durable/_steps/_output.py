@@ -117,7 +117,7 @@ class OutputCall(ToolStep):
     """The live outcome: the function's result, or the retry it asked for, to hand on once recorded."""
 
     def replayed(self, active: ActiveRun, step: Step, value: object) -> object:
-        return outcome(value)  # a recorded retry is raised again (T-5)
+        return outcome(value)  # a recorded retry is raised again
 
     async def live(self, active: ActiveRun) -> object:
         self.outcome, payload = await call_and_encode(lambda: self.handler(self.args), tool_name=self.tool_name)
@@ -128,7 +128,7 @@ class OutputCall(ToolStep):
 
 
 def _load(payload: object, adapter: TypeAdapter[Any]) -> object:
-    """The recorded result as the function's return type, or the recorded control-flow signal (X-1, X-4).
+    """The recorded result as the function's return type, or the recorded control-flow signal.
 
     A result that no longer validates as the return type raises `ValidationError`, a `ValueError`, so the
     replay is rejected and the function runs live.

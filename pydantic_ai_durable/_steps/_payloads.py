@@ -1,4 +1,4 @@
-"""The recorded form of a tool call made through a toolset pydantic-ai does not journal itself (T-1..T-6).
+"""The recorded form of a tool call made through a toolset pydantic-ai does not journal itself.
 
 Custom `AbstractToolset`s and `ExternalToolset`s have no wire format of their own, so their outcomes
 are stored as small JSON dicts tagged with a `kind`. Control-flow exceptions are outcomes the model
@@ -32,7 +32,7 @@ __all__ = (
 )
 
 CONTROL_FLOW_EXCEPTIONS: tuple[type[Exception], ...] = (ModelRetry, ToolFailed, ApprovalRequired, CallDeferred)
-"""Exceptions a tool raises to steer the agent; they are recorded as outcomes rather than failures (T-2)."""
+"""Exceptions a tool raises to steer the agent; they are recorded as outcomes rather than failures."""
 
 _ANY_ADAPTER: TypeAdapter[Any] = TypeAdapter(Any)
 _TOOL_RETURN_ADAPTER: TypeAdapter[ToolReturn[Any]] = TypeAdapter(ToolReturn)
@@ -102,9 +102,9 @@ def is_replayable_payload(payload: object) -> bool:
 
 
 def load_outcome(payload: object) -> object:
-    """The recorded outcome: the value returned, or the control-flow exception raised, as an object (T-5, X-4).
+    """The recorded outcome: the value returned, or the control-flow exception raised, as an object (T-5).
 
-    Raises `ValueError` for a payload it cannot reproduce, which `replay` takes as "run it live" (X-1). The
+    Raises `ValueError` for a payload it cannot reproduce, which `replay` takes as "run it live". The
     exception is returned rather than raised so a replay's check and its result are one decoding: the
     executor raises it once the ledger has recorded the replay.
     """
@@ -128,14 +128,14 @@ def load_outcome(payload: object) -> object:
 
 
 def outcome(value: object) -> object:
-    """Return a loaded outcome's value, or raise it if it is a control-flow exception (T-5)."""
+    """Return a loaded outcome's value, or raise it if it is a control-flow exception."""
     if isinstance(value, CONTROL_FLOW_EXCEPTIONS):
         raise value
     return value
 
 
 def decode_payload(payload: object) -> object:
-    """Return the recorded value, or raise the recorded control-flow exception (T-5).
+    """Return the recorded value, or raise the recorded control-flow exception.
 
     Replay must look exactly like the live call to the agent loop: a value comes back, a signal is
     raised with the same message or metadata, and the tool itself is not run.
@@ -158,7 +158,7 @@ _UNSEEN = object()
 
 
 def why_not_journalable(error: BaseException, value: object = _UNSEEN) -> str:
-    """The encoder's complaint in words a user can act on (JF-6).
+    """The encoder's complaint in words a user can act on.
 
     pydantic reports a value nested too deeply sometimes as "maximum depth exceeded" and sometimes as
     a "circular reference (id repeated)", which sends users hunting for a cycle that is not there; so

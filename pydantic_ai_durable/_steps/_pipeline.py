@@ -44,22 +44,22 @@ class StepKind:
     journal_kind: ClassVar[Kind] = 'other'
     """The kind the journal records (P-6); several kinds of step share one (tools and output functions)."""
     masked: ClassVar[bool] = False
-    """Whether the recorded payload goes through the run's secret registry first (K-1)."""
+    """Whether the recorded payload goes through the run's secret registry first."""
     verified: ClassVar[bool] = False
-    """Whether a replay holds only while a fresh run of the body gives what was recorded (DV-1): `differs`."""
+    """Whether a replay holds only while a fresh run of the body gives what was recorded: `differs`."""
 
     name: str
     """The step's name (P-3)."""
     replayable: bool
-    """`False`: the step takes its position but always runs live (A-9)."""
+    """`False`: the step takes its position but always runs live."""
     decoder: Decoder | None
     """Loads a recorded payload (pydantic-ai's result codec, or the package's own); `None`: used as it is."""
     hands_on: bool
-    """Whether a replay hands pydantic-ai the decoded value as `Loaded`, which its codec passes through (X-4)."""
+    """Whether a replay hands pydantic-ai the decoded value as `Loaded`, which its codec passes through."""
     call: str | None = field(default=None, init=False)
-    """A tool call's digest of name and arguments, set by `fingerprint`: what argument matching compares (DV-2)."""
+    """A tool call's digest of name and arguments, set by `fingerprint`: what argument matching compares."""
     sent: Any = field(default=None, init=False)
-    """What the step was asked, recorded with its entry when set by `going_live` (XP-5)."""
+    """What the step was asked, recorded with its entry when set by `going_live`."""
 
     def fingerprint(self, active: ActiveRun) -> str | None:
         """The fingerprint the step is claimed with (FP-rules); whatever must precede the claim happens here too.
@@ -70,18 +70,18 @@ class StepKind:
         return None
 
     def decode(self, payload: object) -> object:
-        """A recorded payload as the caller will use it; `TypeError`/`ValueError` rejects the replay (X-1, X-2)."""
+        """A recorded payload as the caller will use it; `TypeError`/`ValueError` rejects the replay."""
         return self.decoder(payload) if self.decoder is not None else payload
 
     def replayed(self, active: ActiveRun, step: Step, value: object) -> object:
         """What the caller gets for a replayed step whose payload decoded to `value`; the ledger is credited here.
 
-        Raising is how a recorded control-flow signal reaches the caller (T-5): the step's writes still happen.
+        Raising is how a recorded control-flow signal reaches the caller: the step's writes still happen.
         """
         return Loaded(value) if self.hands_on else step.payload
 
     def going_live(self, active: ActiveRun, step: Step) -> Awaitable[None] | None:
-        """What must happen before a live body starts (limit checks, U-13); a write to await first, if any (U2-1).
+        """What must happen before a live body starts (limit checks); a write to await first, if any (U2-1).
 
         An `async def` is fine where it writes; a kind with nothing to await returns `None`, and no coroutine.
         """
@@ -96,14 +96,14 @@ class StepKind:
         return None
 
     def finished(self, active: ActiveRun, step: Step, payload: object) -> object:
-        """What the caller gets for a live step whose payload was recorded (a control-flow signal is raised, T-5)."""
+        """What the caller gets for a live step whose payload was recorded (a control-flow signal is raised)."""
         return payload
 
     def ended(self) -> None:
         """Called once a live step ended, recorded or not: undo what `going_live` set up."""
 
     def differs(self, recorded: object, fresh: object) -> str | None:
-        """For a `verified` kind: why a fresh result no longer matches the recorded one, or `None` (DV-1)."""
+        """For a `verified` kind: why a fresh result no longer matches the recorded one, or `None`."""
         return None
 
 
@@ -111,8 +111,8 @@ async def run_step(active: ActiveRun, kind: StepKind) -> object:
     """Claim a step of `active`'s run for `kind`, then replay it, or run its body live and record what it returned.
 
     A live body runs after the lease check and under `step.executing()`, so agent runs it starts nest under
-    it (R-4); a body that raises records nothing and leaves a note for the run's failure fence (W-5), except
-    a result that cannot be journaled, which leaves a fence at its position (JF-5).
+    it; a body that raises records nothing and leaves a note for the run's failure fence, except
+    a result that cannot be journaled, which leaves a fence at its position.
     """
     fingerprint = kind.fingerprint(active)  # first: it sets the call digest
     step = active.run.claim(kind.name, kind.journal_kind, fingerprint, replayable=kind.replayable, call=kind.call)
@@ -122,19 +122,19 @@ async def run_step(active: ActiveRun, kind: StepKind) -> object:
         try:
             value = kind.decode(step.payload)
         except (TypeError, ValueError):
-            step.reject()  # X-1: it runs live instead, and the run diverges here
+            step.reject()  # it no longer loads: it runs live instead, and the run diverges here
         else:
-            replayed(step)  # its span says so (TR-1)
+            replayed(step)  # its span says so
             try:
                 return kind.replayed(active, step, value)
             finally:
-                if step.by_arguments:  # DV-2: the next attempt replays it by position, a value or a signal alike
+                if step.by_arguments:  # the next attempt replays it by position, a value or a signal alike
                     await step.keep()
     ahead = kind.going_live(active, step)
     if ahead is not None:
         await ahead
     try:
-        await step.start()  # stops here if the attempt lost its lease or its journal (B-10, JF-2)
+        await step.start()  # stops here if the attempt lost its lease or its journal
         try:
             with step.executing(), traced(step):
                 payload = await kind.live(active)
@@ -142,7 +142,7 @@ async def run_step(active: ActiveRun, kind: StepKind) -> object:
         except BaseException as exc:
             step.failed(exc)
             if isinstance(exc, ResultNotJournalable) and exc.step is step:
-                await step.run.writes.fence(step, exc)  # it ran: a retry must not repeat it silently (JF-5)
+                await step.run.writes.fence(step, exc)  # it ran: a retry must not repeat it silently
             raise
         await step.record(
             payload, to_record=active.mask if kind.masked else None, spend=kind.spent(active, payload), sent=kind.sent
@@ -154,13 +154,13 @@ async def run_step(active: ActiveRun, kind: StepKind) -> object:
 
 
 async def _replay_verified(active: ActiveRun, step: Step, kind: StepKind) -> object:
-    """Replay a step only while a fresh run of its body gives what was recorded (DV-1).
+    """Replay a step only while a fresh run of its body gives what was recorded.
 
     The body runs as a live one would (after the lease check, under `executing()`), but a replay that holds
     writes nothing. When `differs` gives a reason, the step is rejected with it (so the run diverges and
     every later step runs live) and the fresh result is recorded in place of the old one.
     """
-    await step.ensure_attempt()  # B-10, JF-2: a stale attempt runs nothing
+    await step.ensure_attempt()  # a stale attempt runs nothing
     try:
         with step.executing(), traced(step):  # described once the comparison decided replayed or live
             fresh = await kind.live(active)

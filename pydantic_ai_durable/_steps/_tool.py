@@ -1,9 +1,9 @@
 """A tool call as a step: fingerprinted by name and arguments, counted as pydantic-ai counts a call.
 
-What a tool call does its own way in the pipeline: its fingerprint and its argument digest (FP-rules,
-DV-2), its recorded payload masked (K-1), the usage ledger cancelling what pydantic-ai counts for a replay
-and re-checking a credited limit before a live call (U-14, U-15), and what a delegate agent run inside the
-body spends (U2-4). `ToolStep` is what every step kept as a tool call shares (output functions too);
+What a tool call does its own way in the pipeline: its fingerprint and its argument digest, its recorded
+payload masked, the usage ledger cancelling what pydantic-ai counts for a replay and re-checking a
+credited limit before a live call, and what a delegate agent run inside the body spends (U2-4).
+`ToolStep` is what every step kept as a tool call shares (output functions too);
 a leaf toolset's call, whose outcome the package encodes itself, is in `_leaf`.
 """
 
@@ -26,7 +26,7 @@ __all__ = ('RoutedToolCall', 'ToolCall', 'ToolStep')
 
 @dataclass
 class ToolStep(StepKind):
-    """A step the journal keeps as a tool call: fingerprinted by name and arguments, its payload masked (K-1)."""
+    """A step the journal keeps as a tool call: fingerprinted by name and arguments, its payload masked."""
 
     journal_kind: ClassVar[Kind] = 'tool'
     masked: ClassVar[bool] = True
@@ -49,12 +49,12 @@ class ToolCall(ToolStep):
     nested: NestedUsage | None = field(default=None, init=False)
 
     def replayed(self, active: ActiveRun, step: Step, value: object) -> object:
-        if is_successful_tool_payload(step.payload):  # pydantic-ai counts it after the call returns (U-14)
+        if is_successful_tool_payload(step.payload):  # pydantic-ai counts it after the call returns
             active.ledger.record_tool_replay(step.position, call=step.call if step.by_arguments else None)
         return super().replayed(active, step, value)
 
     def going_live(self, active: ActiveRun, step: Step) -> None:
-        active.ledger.record_live_tool_call(step.position, call=self.call)  # re-checks a credited limit (U-15)
+        active.ledger.record_live_tool_call(step.position, call=self.call)  # re-checks a credited limit
         self.nested = NestedUsage(self.ctx, active.spend)  # what a delegate agent run inside the tool spends (U2-4)
 
     def spent(self, active: ActiveRun, payload: object) -> dict[str, Any] | None:

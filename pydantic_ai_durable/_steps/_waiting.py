@@ -1,4 +1,4 @@
-"""Runs that wait: the calls a run ends waiting on, noted for the record, and recorded decisions applied (WT-1, WT-3).
+"""Runs that wait: the calls a run ends waiting on, noted for the record, and recorded decisions applied.
 
 pydantic-ai ends a run with `DeferredToolRequests` when a tool needs approval or an outside result, and asks
 each capability's `handle_deferred_tool_calls` for decisions first. `Durable` answers from the execution
@@ -30,10 +30,10 @@ __all__ = ('WAIT_TIMEOUT', 'check_wait_timeout', 'note_run_end', 'recorded_decis
 log = logging.getLogger('pydantic_ai_durable')
 
 WAIT_TIMEOUT = 'wait_timeout'
-"""The key, in a tool's metadata or a deferral's, that gives one call its own deadline in seconds (WT-5)."""
+"""The key, in a tool's metadata or a deferral's, that gives one call its own deadline in seconds."""
 
 _ASK_USER_TOOL = 'ask_user_question'
-"""The tool pydantic-ai-harness's `AskUser(answerer=None)` defers: its calls are listed with their request (WT-6)."""
+"""The tool pydantic-ai-harness's `AskUser(answerer=None)` defers: its calls are listed with their request."""
 
 
 def check_wait_timeout(value: object, where: str = 'Durable(wait_timeout=...)') -> float | None:

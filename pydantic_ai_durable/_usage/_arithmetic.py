@@ -1,4 +1,4 @@
-"""Usage as pydantic-ai counts it, and its exact inverse (U-2, U-3, U-4).
+"""Usage as pydantic-ai counts it, and its exact inverse.
 
 Cancelling what pydantic-ai counted for a replayed step, and counting what a live step spent across
 attempts, both need the same arithmetic: every counter a usage object carries (provider extras and
@@ -95,7 +95,7 @@ def subtract_usage(run_usage: RunUsage, usage: RequestUsage | RunUsage) -> None:
 
 
 subtract_request_usage = subtract_usage
-"""The name rule U-2 uses for `subtract_usage`."""
+"""The name the rulebook uses for `subtract_usage`."""
 
 
 def add_usage(run_usage: RunUsage, usage: RequestUsage | RunUsage) -> None:

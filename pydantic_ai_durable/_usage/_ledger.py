@@ -52,7 +52,7 @@ and capability steps can sit in between, so the scan allows some room for them.
 class RunLookAhead(Protocol):
     """The part of a journal run the ledger reads when it looks ahead for steps that will replay.
 
-    Looking ahead must respect the same fences as replay itself (S-3), so `peek` answers `None`
+    Looking ahead must respect the same fences as replay itself, so `peek` answers `None`
     for a position that is empty, past a divergence, or at/after the run's failure fence.
     """
 
@@ -67,7 +67,7 @@ class RunLookAhead(Protocol):
 
 
 class MatchView(Protocol):
-    """The part of a diverged run the ledger asks which tool calls will replay by their arguments (U-19)."""
+    """The part of a diverged run the ledger asks which tool calls will replay by their arguments."""
 
     diverged: bool
 
@@ -80,8 +80,8 @@ class ReplayUsageLedger:
     """Cancels what pydantic-ai counts for replayed steps and pre-credits the limit checks that precede them.
 
     One ledger serves one agent run, over the `RunUsage` that run was given. The public methods are
-    called by the durable backend at fixed points of every model request and tool call (A-6,
-    A-5); `settle()` runs at the start of each model request and when the run ends.
+    called by the durable backend at fixed points of every model request and tool call;
+    `settle()` runs at the start of each model request and when the run ends.
     """
 
     run_usage: RunUsage
@@ -101,7 +101,7 @@ class ReplayUsageLedger:
         self._credits_usage = self._limits.has_token_limits() or self._limits.cost_limit is not None
         self._tool_credits: set[int] = set()
         self._match_credits: Counter[str] = Counter()
-        """Tool calls counted down because a diverged run will replay them by arguments, by call digest (U-19)."""
+        """Tool calls counted down because a diverged run will replay them by arguments, by call digest."""
         self._batch_projection: int | None = None
         # The continuation chain the current model request belongs to, tracked twice: once over every
         # segment for its tool calls, once over the replayed segments for the usage taken back for them.
@@ -312,7 +312,7 @@ class ReplayUsageLedger:
     def record_tool_replay(self, position: int, *, call: str | None = None) -> None:
         """Cancel the `tool_calls += 1` the tool manager adds after a replayed successful call (U-14).
 
-        A credited position, or a call credited by arguments (`call`, U-19), was counted down in advance,
+        A credited position, or a call credited by arguments (`call`), was counted down in advance,
         so the credit is simply used up.
         """
         if position in self._tool_credits:
@@ -333,7 +333,7 @@ class ReplayUsageLedger:
         if position in self._tool_credits:
             self._tool_credits.discard(position)
         elif call is not None and self._match_credits[call] > 0:
-            self._match_credits[call] -= 1  # U-19: credited to replay by arguments, but runs live
+            self._match_credits[call] -= 1  # credited to replay by arguments, but runs live
         else:
             return
         self.run_usage.tool_calls += 1

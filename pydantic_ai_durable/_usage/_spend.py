@@ -66,7 +66,7 @@ def load_usage(value: Any) -> RunUsage:
 
 
 def operation_usage(payload: object) -> RunUsage | None:
-    """The usage a capability `@durable_operation` reported, from its recorded result (U-16).
+    """The usage a capability `@durable_operation` reported, from its recorded result.
 
     pydantic-ai records an operation's result as `{"value": ..., "usage_delta": RunUsage}`; `None` when the
     payload carries no readable delta.
