@@ -132,6 +132,13 @@ def test_ui4_binding_where_others_reach_it_without_a_token_refuses_to_start(
         check_bind('0.0.0.0', 'short')
 
 
+def test_wt4_serve_with_dispatch_refuses_to_start_when_the_apps_tasks_cannot_be_imported(
+    journal_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(['--journal', str(journal_path), 'serve', '--dispatch', 'no_such_tasks']) == 1  # before it binds
+    assert "--dispatch: cannot import 'no_such_tasks'" in capsys.readouterr().err
+
+
 def test_ui4_without_a_token_only_requests_naming_a_loopback_host_are_answered(journal_path: Path) -> None:
     with _client(journal_path, 'http://attacker.example') as client:  # a page of theirs resolved to 127.0.0.1
         assert client.get('/api/executions').status_code == 421

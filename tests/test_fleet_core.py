@@ -324,6 +324,33 @@ async def test_wt4_resolve_with_dispatch_sends_the_task_only_when_it_decides_the
     assert effects == {'model': 2, 'pay-1': 1, 'pay-2': 1}
 
 
+async def test_wt4_ui7_a_console_served_with_dispatch_sends_the_task_when_its_decision_leaves_nothing_pending(
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]], tmp_path: Path
+) -> None:
+    from starlette.testclient import TestClient
+
+    from pydantic_ai_durable._console import ConsoleSettings, build_app
+
+    adapter, _, effects = toy
+    await _ends_waiting(adapter, 'job-8', 'D-4')
+    settings = ConsoleSettings(by='ops', dispatch=True)  # what `serve --dispatch MODULE` builds
+    with TestClient(build_app(DiskJournal(tmp_path / 'journal'), settings), base_url='http://127.0.0.1:8765') as client:
+        csrf = client.get('/api/session').json()['csrf']
+        first = client.post(
+            '/api/execution/resolve',
+            json={'key': 'pay_out:job-8', 'approvals': {'pay-1': True}},
+            headers={'X-CSRF-Token': csrf},
+        ).json()
+        assert (first['pending'], first['dispatched']) == (['pay-2'], False)
+        assert adapter.queue.messages == []  # a call still waits: nothing is sent
+        form = {'key': 'pay_out:job-8', 'call': 'pay-2', 'decision': 'approve', 'csrf': csrf}
+        page = client.post('/execution/resolve', data=form)
+        assert page.status_code == 200 and 'it was sent on to a worker' in page.text
+    assert [(m.task, m.id, m.args) for m in adapter.queue.messages] == [('pay_out', 'job-8', ['D-4'])]
+    assert await adapter.work_one() == 'paid 1, paid 2'
+    assert effects == {'model': 2, 'pay-1': 1, 'pay-2': 1}
+
+
 async def test_wt4_dispatch_with_no_fleet_loaded_is_refused_before_a_decision_is_written(
     toy: tuple[ToyAdapter, DiskJournal, Counter[str]],
 ) -> None:

@@ -45,6 +45,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
                 token=options.token,
                 read_only=options.read_only,
                 by=options.by,
+                dispatch=options.dispatch,
             )
         decrypt = command == 'rekey' and options.decrypt
         target = open_target(

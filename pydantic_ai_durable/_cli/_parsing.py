@@ -171,6 +171,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         default=None,
         help="who the console's decisions are recorded as (default: your user name)",
     )
+    sub['serve'].add_argument(
+        '--dispatch',
+        metavar='MODULE',
+        default=None,
+        help="import MODULE, which defines the app's durable tasks, and send a task on through it when a decision "
+        "leaves nothing pending (without it, the workers' sweep sends it after resume_after)",
+    )
     sub['delete'].add_argument('key', metavar='KEY', help='the execution key')
     sub['delete'].add_argument(
         '--force', action='store_true', help='delete even while a live attempt holds the execution'

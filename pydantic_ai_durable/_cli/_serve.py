@@ -10,7 +10,7 @@ from __future__ import annotations
 from .._errors import ConsoleRefused
 from ._render import cell
 from ._target import EXIT_OK, EXIT_USAGE, Failure, open_target
-from ._waiting import default_resolver
+from ._waiting import default_resolver, import_tasks
 
 __all__ = ('serve_command',)
 
@@ -26,11 +26,14 @@ def serve_command(
     token: str | None,
     read_only: bool,
     by: str | None = None,
+    dispatch: str | None = None,
 ) -> int:
     try:
         from .. import _console
     except ImportError as exc:
         raise Failure(f'{_INSTALL} ({exc})') from None
+    if dispatch is not None:
+        import_tasks(dispatch)
     try:
         chosen = _console.check_bind(host, token)
     except ConsoleRefused as exc:
@@ -43,6 +46,7 @@ def serve_command(
         read_only=read_only,
         label=cell(target.label, 120),
         by=by if by is not None else default_resolver(),
+        dispatch=dispatch is not None,
     )
     try:
         _console.serve(target.journal, settings)

@@ -24,7 +24,7 @@ from ..journals import KEYS_VARIABLE, SEALED, CallDecision, DeferredCall, deferr
 from ._render import cell, local, plural, print_json, print_lines, quote, table
 from ._target import EXIT_OK, EXIT_USAGE, Failure, Target, run_on
 
-__all__ = ('calls_lines', 'decide_command', 'default_resolver', 'sealed_note')
+__all__ = ('calls_lines', 'decide_command', 'default_resolver', 'import_tasks', 'sealed_note')
 
 _ARGS_WIDTH = 60
 
@@ -65,7 +65,7 @@ def decide_command(
     """`approve`, `deny` or `complete` one call of a waiting execution; with `dispatch`, send it on."""
     decision = _decision(command, message, result, by if by is not None else default_resolver())
     if dispatch is not None:
-        _import_tasks(dispatch)
+        import_tasks(dispatch)
 
     async def decide(journal: Any) -> Resolution:
         try:
@@ -91,7 +91,7 @@ def decide_command(
     return EXIT_OK
 
 
-def _import_tasks(module: str) -> None:
+def import_tasks(module: str) -> None:
     """Import the app's module of durable tasks, as `celery -A` does: its fleet becomes this process's dispatcher."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

@@ -66,6 +66,8 @@ class ConsoleSettings:
     page_size: int = 50
     by: str | None = None
     """Who the console's decisions are recorded as (`serve --by`, by default the user that runs it)."""
+    dispatch: bool = False
+    """Send a fleet's task on at once when a decision leaves nothing pending (`serve --dispatch MODULE`)."""
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     """Per process: what the session cookie and the CSRF token are derived from."""
 

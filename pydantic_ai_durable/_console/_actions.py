@@ -180,10 +180,16 @@ def resolver(settings_by: str | None, given: object, where: str) -> str:
     return f'{name} ({where})' if name else where
 
 
-async def resolve(journal: Journal, key: str, decisions: Mapping[str, CallDecision]) -> Resolution:
-    """Record `decisions` for the calls execution `key` waits on, as `approve` / `deny` / `complete` do."""
+async def resolve(
+    journal: Journal, key: str, decisions: Mapping[str, CallDecision], *, dispatch: bool = False
+) -> Resolution:
+    """Record `decisions` for the calls execution `key` waits on, as `approve` / `deny` / `complete` do.
+
+    With `dispatch` (`serve --dispatch MODULE`), the decision that leaves nothing pending sends the task on
+    through the fleet the module loaded, as `approve --dispatch` does.
+    """
     try:
-        return await resolve_calls(journal, key, decisions)
+        return await resolve_calls(journal, key, decisions, dispatch=dispatch)
     except ResolutionRefused as exc:
         status = 404 if exc.call_id is None and await journal.read_execution(key) is None else 409
         raise Refused(' '.join(str(exc).split()), status) from None
@@ -194,3 +200,5 @@ async def resolve(journal: Journal, key: str, decisions: Mapping[str, CallDecisi
         ) from None
     except ExecutionBusy as exc:
         raise Refused(' '.join(str(exc).split())) from None
+    except DurableError as exc:  # no fleet loaded (nothing written), or the send failed (the decisions stand)
+        raise Refused(' '.join(str(exc).split()), 502 if exc.__cause__ is not None else 409) from None

@@ -118,7 +118,7 @@ def api_routes(console: Console) -> list[Route]:
             return _error('"by" names who decides, as a string', 400)
         try:
             decisions = api_decisions(body, resolver(console.settings.by, body.get('by'), 'console API'))
-            resolution = await resolve(journal, body['key'], decisions)
+            resolution = await resolve(journal, body['key'], decisions, dispatch=console.settings.dispatch)
         except Refused as refused:
             return _error(str(refused), refused.status)
         return Answer(resolution.as_json())

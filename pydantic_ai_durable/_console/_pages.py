@@ -30,7 +30,7 @@ from ._waiting import decision_note, waiting_rows
 __all__ = ('page_routes',)
 
 ACTIONS = ('export', 'fork', 'delete')
-NOTES = ('decided', 'unchanged')
+NOTES = ('decided', 'sent', 'unchanged')
 """The notes a page shows after a decision; what they say is read from the journal."""
 
 
@@ -165,13 +165,13 @@ def page_routes(console: Console) -> list[Route]:
                 result=form.get('result', ''),
                 by=resolver(console.settings.by, None, 'console'),
             )
-            resolution = await resolve(journal, key, {call_id: decision})
+            resolution = await resolve(journal, key, {call_id: decision}, dispatch=console.settings.dispatch)
         except Refused as refused:
             drafts = {(key, call_id): {'result': form.get('result', ''), 'message': form.get('message', '')}}
             if back == 'execution':
                 return await execution_page(request, key, error=str(refused), status=refused.status, drafts=drafts)
             return await waiting_page(request, number, error=str(refused), status=refused.status, drafts=drafts)
-        note = 'unchanged' if resolution.unchanged else 'decided'
+        note = 'unchanged' if resolution.unchanged else 'sent' if resolution.dispatched else 'decided'
         if back == 'execution':
             return RedirectResponse(link('/execution', key=key, note=note, call=call_id), 303)
         return RedirectResponse(

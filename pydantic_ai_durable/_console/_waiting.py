@@ -104,6 +104,8 @@ async def decision_note(journal: Journal, key: str, call_id: str, note: str) -> 
     still = [call for call in calls if call.pending]
     if still:
         rest = f'Execution {key!r} still waits on {", ".join(f"{c.call_id} ({c.tool_name})" for c in still)}.'
+    elif note == 'sent':
+        rest = f'Execution {key!r} waits on nothing more: it was sent on to a worker, which goes on with the decisions.'
     else:
         rest = f'Execution {key!r} waits on nothing more: its next attempt goes on with the decisions.'
     return f'Call {call_id} ({found.tool_name}) {again}{describe(found.decision)}. {rest}'
