@@ -127,6 +127,33 @@ async def test_j9_no_code_of_the_package_opens_the_database_files(
 @POSIX
 @pytest.mark.once
 @pytest.mark.skipif(not hasattr(os, 'fork'), reason='needs fork')
+@pytest.mark.skipif(sys.platform == 'win32', reason='flock is POSIX')
+async def test_b12_a_process_whose_lock_file_another_is_checking_still_takes_its_lease(tmp_path: Path) -> None:
+    """Another process proving a holder dead locks the holder's file for an instant (`lockable`). Caught in
+    that instant, the live process failed to lock its own file (`BlockingIOError`, so `JournalUnavailable`),
+    and the checker took it for dead: the file must be locked from the moment it exists."""
+    import fcntl
+
+    from pydantic_ai_durable._runtime import process_token
+    from pydantic_ai_durable.journals._process_lock import lock_file, lockable
+
+    path = lock_file(tmp_path / 'journal', f'-:0:{process_token()}:0')
+    assert path is not None
+    path.parent.mkdir(parents=True)
+    checker = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # the file as another process's check holds it
+    fcntl.flock(checker, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        journal = DiskJournal(tmp_path / 'journal')
+        calls = Calls()
+        async with execution('order-5', journal=journal):
+            await two_step_agent(journal, calls).run('go')
+            assert not lockable(path)  # while it holds a lease, its file is locked: it lives
+        await journal.close()
+    finally:
+        os.close(checker)
+    assert calls['tool'] == 1
+
+
 def test_j9_a_forked_child_takes_its_own_locks_whatever_its_parent_had_open(tmp_path: Path) -> None:
     """A process with journal connections in two threads forks; the child records, the parent exits.
 

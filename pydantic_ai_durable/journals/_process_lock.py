@@ -13,6 +13,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import secrets
 import threading
 from pathlib import Path
 
@@ -56,13 +57,25 @@ def hold_lock(directory: Path, mode: int) -> None:
         path = lock_file(directory, f'-:0:{process_token()}:0')
         assert path is not None
         make_directory(path.parent, mode)
-        fd = open_file(path, mode)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException:
-            os.close(fd)
-            raise
-        _held[where] = [fd, 1]
+        _held[where] = [_locked_in_place(path, mode), 1]
+
+
+def _locked_in_place(path: Path, mode: int) -> int:
+    """Lock a new file under a name of its own, then rename it to `path`: the file at `path` is locked from
+    the moment it is there. Created in place, it was there unlocked for an instant, and another process
+    checking it then took this live process for dead and kept the lock while this one failed to take it."""
+    assert fcntl is not None
+    fresh = path.with_name(f'{path.name}.{os.getpid()}.{secrets.token_hex(4)}')
+    fd = open_file(fresh, mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.replace(fresh, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(fresh)
+        raise
+    return fd
 
 
 def drop_lock(directory: Path) -> None:
