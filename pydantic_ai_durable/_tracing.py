@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
+from types import TracebackType
 
 import pydantic_ai.durable_exec as _durable_exec
 from opentelemetry import trace
@@ -154,27 +155,44 @@ def _own_span(step: Step) -> Span | None:
     return None
 
 
-@contextmanager
-def traced(step: Step) -> Iterator[None]:
+def traced(step: Step) -> AbstractContextManager[None]:
     """Around a step's live body: its span says it ran live, and why, after a mismatch (TR-2).
 
     A model or tool step has a span of pydantic-ai's; the other kinds get one of ours around the body,
     described when the body is done, since a discovery step may turn live only then.
     """
-    own = _own_span(step)
-    if own is not None:
-        own.set_attributes(_attributes(step))
-    run_trace = _RUN_TRACE.get()
-    if run_trace is None or own is not None:
-        yield
-    else:
-        with run_trace.tracer.start_as_current_span(STEP_SPAN.format(name=step.name)) as span:
+    return _Traced(step)
+
+
+class _Traced:
+    """`traced`'s block; a class, not a generator, since every live step enters one."""
+
+    __slots__ = ('_ours', '_span', '_step')
+
+    def __init__(self, step: Step) -> None:
+        self._step = step
+        self._ours: AbstractContextManager[Span] | None = None
+
+    def __enter__(self) -> None:
+        step = self._step
+        own = _own_span(step)
+        if own is not None:
+            own.set_attributes(_attributes(step))
+            return
+        run_trace = _RUN_TRACE.get()
+        if run_trace is not None:
+            self._ours = run_trace.tracer.start_as_current_span(STEP_SPAN.format(name=step.name))
+            self._span = self._ours.__enter__()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        ours = self._ours
+        if ours is not None:
             try:
-                yield
+                self._span.set_attributes(_attributes(self._step))
             finally:
-                span.set_attributes(_attributes(step))
-    if _record_unit is not None:
-        _record_unit(executed=True)
+                ours.__exit__(kind, error, tb)
+        if kind is None and _record_unit is not None:
+            _record_unit(executed=True)
 
 
 def replayed(step: Step) -> None:

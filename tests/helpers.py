@@ -102,6 +102,22 @@ def two_step_agent(
     )
 
 
+def priced_agent(journal: Journal | None, usages: tuple[RequestUsage, ...]) -> Agent[None, str]:
+    """The two-step agent on a model named gpt-4o that reports `usages`: its responses are priced."""
+    model = two_step_model(Calls(), usages=usages)
+    model._model_name = 'gpt-4o'
+
+    def query(sql: str) -> str:
+        return '3 rows'
+
+    return Agent(
+        model,
+        name='two_step',
+        toolsets=[FunctionToolset([query], id='db')],
+        capabilities=[Durable(journal=journal)],
+    )
+
+
 JournalFactory = Callable[[], Journal]
 _T = TypeVar('_T')
 

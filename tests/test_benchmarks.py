@@ -97,10 +97,11 @@ def test_perf4_benchmark_script_runs(script: str, tmp_path: Path) -> None:
     assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
 
 
-MARGIN_CEILING = 4_550_000
+MARGIN_CEILING = 4_200_000
 """PERF-5: instructions the package may add per extra round trip, recording on `MemoryJournal` from N = 5 to
-25 (`benchmarks/margin.py --ceiling 5 25`): 3.94 M on CPython 3.11 with pydantic-ai-slim 2.62 when it was set,
-plus about 15%. Lower it when a change lowers the figure; never raise it to let a change through unexplained."""
+25 (`benchmarks/margin.py --ceiling 5 25`): 3.66 M on CPython 3.11 with pydantic-ai-slim 2.62 when it was
+last lowered (3.94 M when it was set), plus about 15%. Lower it when a change lowers the figure; never raise
+it to let a change through unexplained."""
 
 
 @pytest.mark.once

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from helpers import Calls, Operator, two_step_agent
+from helpers import Calls, Operator, priced_agent, two_step_agent
 from pg import fresh_schema
 from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import RequestUsage
 
 from pydantic_ai_durable import DiskJournal, Durable, Journal, PostgresJournal, execution
 from pydantic_ai_durable._cli import parse_duration, run_order
@@ -531,3 +532,22 @@ def test_cli2_postgres_refusing_connections_is_one_line() -> None:
     line = one_line_error(cli('--journal', url, 'list'), 1)
     assert 'cannot open the journal' in line
     assert 'hunter2' not in line
+
+
+def test_cli1_show_gives_the_cost_of_a_priced_run(tmp_path: Path) -> None:
+    path = tmp_path / 'journal'
+
+    async def record() -> None:
+        journal = DiskJournal(path)
+        async with execution('priced-1', journal=journal):
+            await priced_agent(journal, (RequestUsage(input_tokens=1000, output_tokens=20),) * 2).run('count the rows')
+        await journal.close()
+
+    asyncio.run(record())
+    result = cli('--journal', str(path), 'show', 'priced-1')
+    assert result.returncode == 0, result.stderr
+    # 2,000 input and 40 output tokens of gpt-4o; the spend snapshot keeps the cost as a decimal string.
+    assert (
+        'live spend (all attempts): 2 requests, 1 tool call, 2000 input / 40 output tokens, cost 0.0054'
+        in result.stdout
+    )

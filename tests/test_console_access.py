@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import Calls, two_step_agent
+from helpers import Calls, priced_agent, two_step_agent
+from pydantic_ai.usage import RequestUsage
 from starlette.testclient import TestClient
 
 from pydantic_ai_durable import execution
@@ -212,3 +213,34 @@ def test_ui6_the_api_lists_shows_exports_and_forks(client: TestClient) -> None:
     assert forked['into'] == 'order-1b' and forked['steps'] == 2
     missing = client.post('/api/execution/delete', json={'key': 'nothing'}, headers={'X-CSRF-Token': csrf})
     assert missing.status_code == 404
+
+
+def _priced_journal(path: Path) -> DiskJournal:
+    """An execution whose model is priced (gpt-4o, with tokens reported), so its spend snapshots carry a cost."""
+    usages = (RequestUsage(input_tokens=1000, output_tokens=20), RequestUsage(input_tokens=1500, output_tokens=30))
+
+    async def record() -> None:
+        journal = DiskJournal(path)
+        async with execution('priced-1', journal=journal):
+            await priced_agent(journal, usages).run('count the rows')
+        await journal.close()
+
+    import asyncio
+
+    asyncio.run(record())
+    return DiskJournal(path)
+
+
+def test_ui2_the_execution_page_shows_the_cost_of_a_priced_run_and_of_each_model_step(tmp_path: Path) -> None:
+    journal = _priced_journal(tmp_path / 'journal')
+    with TestClient(build_app(journal, ConsoleSettings()), base_url=LOCAL) as client:
+        view = client.get('/api/execution?key=priced-1').json()
+        page = client.get('/execution?key=priced-1').text
+    [run] = view['runs']
+    # gpt-4o: 2,500 input and 50 output tokens. The snapshot keeps the cost as a decimal string, which the
+    # view read as no cost at all.
+    assert run['cost'] == pytest.approx(2500 * 2.5e-6 + 50 * 10e-6)
+    model_costs = [step['cost'] for step in run['steps'] if step['kind'] == 'model']
+    assert len(model_costs) == 2 and all(cost is not None and cost > 0 for cost in model_costs)
+    assert sum(model_costs) == pytest.approx(run['cost'])
+    assert f', cost {run["cost"]:.6g}' in page

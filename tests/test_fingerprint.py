@@ -8,6 +8,7 @@ from-scratch digest.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -613,6 +614,45 @@ def test_fp7_rendering_does_not_touch_the_argument_the_tool_receives() -> None:
     assert 'slug' not in model.__dict__
     assert args == {'request': model, 'tags': ['a']}
     assert digest == fingerprint_tool_call('lookup', {'request': Lookup(city='Oslo', days=3), 'tags': ['a']}, 'c1')
+
+
+@pytest.mark.parametrize(
+    'args',
+    [{}, {'page': 0}, {'q': 'caf\u00e9 "x"', 'n': [1, 2.5, None, True, {'k': 'v', 'e': []}]}, [], 'text'],
+    ids=['empty', 'usual', 'nested', 'list', 'string'],
+)
+def test_fp7_plain_arguments_render_as_their_copy_does(args: Any) -> None:
+    """Arguments of the built-in JSON types skip the copy (nothing in them runs code), with the same digests."""
+    from pydantic_ai_durable._fingerprint._canonical import canonical, render_value
+    from pydantic_ai_durable._fingerprint._digests import _call_hash, _plain, tool_call_digests
+
+    assert _plain(args)
+    copied = render_value(copy.deepcopy(args))
+    expected_call = _call_hash(copied, canonical('t'))
+    text = f'{{"args":{copied},"name":{canonical("t")},"tool_call_id":{canonical("c1")}}}'
+    assert tool_call_digests('t', args, 'c1') == (hashlib.sha256(text.encode('ascii')).hexdigest(), expected_call)
+
+
+def test_fp7_arguments_that_are_not_plain_json_are_copied_before_rendering() -> None:
+    from pydantic_ai_durable._fingerprint._digests import _plain
+
+    class Keys(dict[str, Any]):
+        pass
+
+    for args in (
+        {'n': (1, 2)},
+        Keys(a=1),
+        {1: 'int key'},
+        {'when': datetime(2026, 1, 1, tzinfo=UTC)},
+        {'m': Lookup(city='a', days=1)},
+    ):
+        assert not _plain(args), args
+    cycle: list[Any] = [1]
+    cycle.append(cycle)
+    assert not _plain({'c': cycle})  # the walk ends, and the copy and the renderer deal with the cycle
+    assert fingerprint_tool_call('t', {'c': cycle}, 'c1') is None
+    # a tuple renders as the list it would be in JSON: the copied path gives the plain one's digest
+    assert fingerprint_tool_call('t', {'n': (1, 2)}, 'c1') == fingerprint_tool_call('t', {'n': [1, 2]}, 'c1')
 
 
 def test_fp7_tool_fingerprint_is_synchronous() -> None:

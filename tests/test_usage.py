@@ -400,6 +400,21 @@ def test_u2_every_run_usage_field_is_persisted() -> None:
     assert load_usage({'usage': dump_usage(RunUsage())}) == RunUsage()
 
 
+def test_u2_1_a_snapshot_leaves_out_the_counters_at_zero_and_reads_them_back() -> None:
+    from pydantic_ai_durable._core import spend_cost
+    from pydantic_ai_durable._usage._spend import dump_usage, load_usage
+
+    usage = RunUsage(requests=2, input_tokens=1500, output_tokens=30, cost=Decimal('0.00465'))
+    snapshot = dump_usage(usage)
+    assert snapshot == {'requests': 2, 'input_tokens': 1500, 'output_tokens': 30, 'cost': '0.00465'}
+    assert load_usage({'usage': snapshot}) == usage
+    assert dump_usage(RunUsage()) == {} and load_usage({'usage': {}}) == RunUsage()
+    assert spend_cost(snapshot) == 0.00465  # decimal text, read as the number it is
+    assert spend_cost({'cost': 0.5}) == 0.5 and spend_cost({}) is None
+    for unreadable in ('NaN', 'Infinity', 'a lot', True, [1]):
+        assert spend_cost({'cost': unreadable}) is None, unreadable
+
+
 def test_u2_usage_snapshot_of_an_unexpected_shape_uses_pydantics_dump() -> None:
     from pydantic_ai_durable._usage._spend import _USAGE, dump_usage
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._core import RekeyReport, RunMeta, call_json, latest_spend, missing_links, parse_entry, rekey
+from .._core import RekeyReport, RunMeta, call_json, latest_spend, missing_links, parse_entry, rekey, spend_cost
 from ..journals import (
     EXECUTION_STATES,
     KEYS_VARIABLE,
@@ -172,8 +172,8 @@ def _spend_line(snapshot: RunSnapshot) -> str | None:
         plural(_count(usage.get('tool_calls')), 'tool call'),
         f'{_count(usage.get("input_tokens"))} input / {_count(usage.get("output_tokens"))} output tokens',
     ]
-    cost = usage.get('cost')
-    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+    cost = spend_cost(usage)
+    if cost is not None:
         parts.append(f'cost {cost:g}')
     return 'live spend (all attempts): ' + ', '.join(parts)
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._core import RunMeta, call_json, parse_entry, run_order
+from .._core import RunMeta, call_json, parse_entry, run_order, spend_cost
 from ..journals import (
     SEALED,
     DeferredCall,
@@ -229,8 +229,9 @@ def _spend(entry: Any) -> dict[str, float] | None:
     if not isinstance(counters, dict):
         return None
     found = {name: _number(counters.get(name)) for name in _COUNTERS}
-    if isinstance(counters.get('cost'), (int, float)) and not isinstance(counters.get('cost'), bool):
-        found['cost'] = _number(counters.get('cost'))
+    cost = spend_cost(counters)
+    if cost is not None:
+        found['cost'] = cost
     return found
 
 

@@ -8,7 +8,9 @@ not. The CLI shows a journal through the same readers, so it calls unreadable wh
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping
+from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 from .._errors import JournalCorrupt
@@ -26,6 +28,7 @@ __all__ = (
     'parse_entry',
     'readable',
     'run_order',
+    'spend_cost',
 )
 
 log = logging.getLogger('pydantic_ai_durable')
@@ -121,6 +124,23 @@ def latest_spend(candidates: Iterable[Any]) -> dict[str, Any] | None:
         if best is None or candidate['seq'] > best['seq']:
             best = candidate
     return best
+
+
+def spend_cost(usage: Mapping[str, Any]) -> float | None:
+    """The cost a spend snapshot's usage holds, or `None` when the run was not priced.
+
+    The snapshot keeps a cost as decimal text (a float would round it), and an older one may hold a
+    number; whoever shows the spend reads it here, so a priced run never shows as unpriced.
+    """
+    value = usage.get('cost')
+    if isinstance(value, str):
+        try:
+            value = float(Decimal(value))
+        except (InvalidOperation, ValueError):
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def one_line(error: BaseException, limit: int = 400) -> str:

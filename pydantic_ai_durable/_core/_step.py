@@ -10,8 +10,7 @@ does not import the run. The test harness watches live steps through `STEP_OBSER
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -124,14 +123,9 @@ class Step:
             return 'its result could not be journaled, and it ran again as asked by rerun_unjournalable=True (JF-5)'
         return None
 
-    @contextmanager
-    def executing(self) -> Iterator[None]:
+    def executing(self) -> _Executing:
         """Mark this step's live body as running, so agent runs started inside it nest under it (R-4)."""
-        token = _EXECUTING.set(self)
-        try:
-            yield
-        finally:
-            _EXECUTING.reset(token)
+        return _Executing(self)
 
     async def start(self) -> None:
         """Call right before the live body: stops the attempt if it may no longer run steps."""
@@ -171,3 +165,18 @@ class Step:
     def reject(self, reason: str = 'recorded result no longer loads') -> None:
         """Undo a replay whose payload no longer decodes, or no longer holds; see `Run.reject`."""
         self.run.reject(self, reason)
+
+
+class _Executing:
+    """The block of a step's live body; a class, not a generator, since every live step enters one."""
+
+    __slots__ = ('_step', '_token')
+
+    def __init__(self, step: Step) -> None:
+        self._step = step
+
+    def __enter__(self) -> None:
+        self._token = _EXECUTING.set(self._step)
+
+    def __exit__(self, *exc: object) -> None:
+        _EXECUTING.reset(self._token)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, Literal, Protocol, cast
@@ -109,23 +109,31 @@ def history_texts(messages: Sequence[ModelMessage], secrets: Masker | None) -> l
 
 
 _PLAIN_LEAVES = frozenset({str, int, float, bool, type(None), bytes, datetime, date, time, timedelta, Decimal, UUID})
-_FRAMEWORK_DATACLASSES: dict[type[Any], tuple[str, ...] | None] = {}
-_ABSENT = object()
+_FRAMEWORK_DATACLASSES: dict[type[Any], Callable[[Any], tuple[Any, ...]] | None] = {}
 
 
-def _framework_fields(kind: type[Any]) -> tuple[str, ...] | None:
-    """The field names of one of pydantic-ai's own dataclasses (what its dump renders), else `None`."""
+def _framework_fields(kind: type[Any]) -> Callable[[Any], tuple[Any, ...]] | None:
+    """What reads the fields of one of pydantic-ai's own dataclasses (what its dump renders), else `None`.
+
+    One `attrgetter` reads them all in one call, in field order; it raises `AttributeError` for a field
+    the object lacks.
+    """
     try:
         return _FRAMEWORK_DATACLASSES[kind]
     except KeyError:
         package = (getattr(kind, '__module__', '') or '').split('.', 1)[0]
-        names = (
-            tuple(field.name for field in dataclasses.fields(kind))
-            if dataclasses.is_dataclass(kind) and package == 'pydantic_ai'
-            else None
-        )
-        _FRAMEWORK_DATACLASSES[kind] = names
-        return names
+        getter: Callable[[Any], tuple[Any, ...]] | None = None
+        if dataclasses.is_dataclass(kind) and package == 'pydantic_ai':
+            names = [field.name for field in dataclasses.fields(kind)]
+            if len(names) > 1:
+                getter = operator.attrgetter(*names)
+            elif names:
+                one = operator.attrgetter(names[0])
+                getter = lambda node: (one(node),)  # noqa: E731
+            else:
+                getter = lambda node: ()  # noqa: E731
+        _FRAMEWORK_DATACLASSES[kind] = getter
+        return getter
 
 
 class Snapshot:
@@ -190,14 +198,13 @@ def snapshot_of(message: object) -> Snapshot | None:
             stack.extend(node)
             sizes.append(len(node))
         else:
-            names = _framework_fields(kind)
-            if names is None:
+            fields = _framework_fields(kind)
+            if fields is None:
                 return None
-            for name in names:
-                value = getattr(node, name, _ABSENT)
-                if value is _ABSENT:
-                    return None
-                stack.append(value)
+            try:
+                stack.extend(fields(node))
+            except AttributeError:
+                return None
     return Snapshot(nodes, sizes)
 
 

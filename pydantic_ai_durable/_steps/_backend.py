@@ -8,8 +8,7 @@ It also binds operations, once each, keeping the decoder a replay is checked wit
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from pydantic_ai.durable_exec import (
@@ -102,10 +101,17 @@ class DurableBackend(JournalCallableOperationBackend[None]):
     ) -> object:
         active = active_run(self._owner)
         if isinstance(operation_id, ToolsetCallToolId):
-            with _naming_the_tool(cast(str, cache_key[0])):
+            try:
                 if active is None:
                     return await body()
                 return await run_step(active, self._tool_call(operation_id, name, body, cache_key))
+            except JournalUnavailable:
+                raise  # the journal failed, not the result: retrying later may succeed, so it keeps its class
+            except JournalError as exc:
+                named = _naming_the_tool(cast(str, cache_key[0]), exc)
+                if named is None:
+                    raise
+                raise named from exc
         if active is None or isinstance(operation_id, ToolsetValidateToolArgumentsId):
             return await body()  # inert, or argument validation: local and free, no position (P-7)
         decoder = self._decoders.get(operation_id)
@@ -148,17 +154,12 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         )
 
 
-@contextmanager
-def _naming_the_tool(tool_name: str) -> Iterator[None]:
-    """Name the tool in a `JournalError` its result raised: the codec that raises it does not know it."""
-    try:
-        yield
-    except JournalUnavailable:
-        raise  # the journal failed, not the result: retrying later may succeed, so it keeps its class
-    except JournalError as exc:
-        if f'tool {tool_name!r}' in str(exc):
-            raise
-        message = f'The result of tool {tool_name!r} cannot be journaled. {exc}'
-        if isinstance(exc, ResultNotJournalable):
-            raise ResultNotJournalable(message, step=exc.step) from exc
-        raise JournalError(message) from exc
+def _naming_the_tool(tool_name: str, exc: JournalError) -> JournalError | None:
+    """A `JournalError` a tool's result raised, with the tool named (the codec that raises it does not know
+    it); `None` when the error names it already."""
+    if f'tool {tool_name!r}' in str(exc):
+        return None
+    message = f'The result of tool {tool_name!r} cannot be journaled. {exc}'
+    if isinstance(exc, ResultNotJournalable):
+        return ResultNotJournalable(message, step=exc.step)
+    return JournalError(message)

@@ -37,18 +37,24 @@ _NUMBERS = (int, float)
 def dump_usage(usage: RunUsage) -> dict[str, Any]:
     """`usage` as JSON data that `load_usage` reads back; a snapshot is taken on every step (U2-1).
 
-    Counters are copied as they are, which costs a fraction of pydantic's serializer; a field of any
-    other shape (a future release's) takes pydantic's own dump, so nothing is ever left out.
+    Counters are copied as they are, which costs a fraction of pydantic's serializer, and those at zero
+    (most of them, most of the time) are left out: reading fills them in. A field of any other shape (a
+    future release's) takes pydantic's own dump, so nothing is ever left out.
     """
     result: dict[str, Any] = {}
     for name in _FIELDS:
         value = getattr(usage, name)
-        if type(value) in _NUMBERS or value is None:
-            result[name] = value
-        elif type(value) is Decimal:
+        kind = type(value)
+        if kind in _NUMBERS:
+            if value != 0:
+                result[name] = value
+        elif value is None:
+            continue
+        elif kind is Decimal:
             result[name] = str(value)
-        elif type(value) is dict and all(type(item) is int for item in value.values()):
-            result[name] = dict(value)
+        elif kind is dict and all(type(item) is int for item in value.values()):
+            if value:
+                result[name] = dict(value)
         else:
             return _USAGE.dump_python(usage, mode='json')  # type: ignore[no-any-return]
     return result
@@ -221,6 +227,8 @@ class NestedUsage:
         if self._settled:
             return None
         self._settled = True
+        if self._own == self._start:
+            return None  # the body spent nothing through its context: the usual tool call
         added = _copy_usage(self._own)
         subtract_usage(added, self._start)
         if not (added.has_values() or added.requests or added.tool_calls):

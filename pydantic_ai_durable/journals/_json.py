@@ -13,10 +13,14 @@ from typing import Any
 __all__ = ('dumps', 'encodable', 'loads', 'loads_dict', 'loads_record', 'undecoded')
 
 
+_ENCODER = json.JSONEncoder(separators=(',', ':'), ensure_ascii=True)
+"""Built once: `json.dumps` with any option builds an encoder for every call, and every step writes."""
+
+
 def dumps(value: object) -> str | None:
     """Encode `value` as JSON text, or `None` when it cannot be encoded (not JSON, circular, too deep)."""
     try:
-        return json.dumps(value, separators=(',', ':'), ensure_ascii=True)
+        return _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError, OverflowError):
         return None
 
