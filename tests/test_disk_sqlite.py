@@ -332,3 +332,35 @@ async def test_j10_a_diskcache_whose_parts_differ_is_refused_when_a_journal_open
     if change != 'a column gone':  # found before anything is created
         assert not path.exists()
     await journal.close()
+
+
+def test_j10_a_journal_write_leaves_the_row_and_the_counts_diskcache_set_would(tmp_path: Path) -> None:
+    """`put_text` writes in one statement what `set` writes in several: the same row, counted the same way."""
+    from diskcache.core import MODE_TEXT
+
+    journal = DiskJournal(tmp_path / 'journal')
+    cache = journal._open_cache()
+    columns = 'raw, expire_time, access_count, tag, size, mode, filename, value'
+
+    def row(key: str) -> tuple[Any, ...]:
+        return tuple(cache._con.execute(f'SELECT {columns} FROM Cache WHERE key = ?', (key,)).fetchone())
+
+    before = len(cache)  # the journal's own rows
+    cache.set('by-set', '{"a":1}')
+    cache.put_text('by-journal', '{"a":1}')  # a new row
+    assert row('by-journal') == row('by-set') and cache.get('by-journal') == '{"a":1}'
+    assert len(cache) == before + 2
+    cache.put_text('by-journal', '{"a":2}')  # the row there, updated
+    cache.set('by-set', '{"a":2}')
+    assert row('by-journal') == row('by-set') and len(cache) == before + 2
+    # A row whose value lies in a side file (another diskcache wrote it): `set` replaces it and removes the file.
+    name = 'ab/cd/' + '0' * 28 + '.val'  # the shape of diskcache's own names, which alone it removes
+    (tmp_path / 'journal' / 'ab' / 'cd').mkdir(parents=True)
+    (tmp_path / 'journal' / name).write_text('"old"')
+    cache._con.execute(
+        'UPDATE Cache SET filename = ?, mode = ?, value = NULL WHERE key = ?', (name, MODE_TEXT, 'by-journal')
+    )
+    cache.put_text('by-journal', '{"a":3}')
+    assert row('by-journal') == (*row('by-set')[:-1], '{"a":3}') and not (tmp_path / 'journal' / name).exists()
+    assert len(cache) == before + 2 and cache.get('by-journal') == '{"a":3}'
+    cache.close()

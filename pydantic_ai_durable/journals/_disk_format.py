@@ -283,8 +283,9 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
 
     # Every SQL statement the journal runs itself is in this class, each with why diskcache's API is not used.
     # `read_text` and `put_text` (speed): they run on every step a journal records, and read and write the
-    # very rows `get` and `set` would, as one indexed statement each instead of diskcache's several with
-    # their bookkeeping, which made up most of a fenced write's cost; anything unusual takes `set`'s path.
+    # very rows `get` and `set` would, as one indexed statement each (an upsert for a write) instead of
+    # diskcache's several with their bookkeeping, which made up most of a fenced write's cost; anything
+    # unusual takes `set`'s path.
 
     def read_text(self, key: str) -> Any:
         """What `get(key)` returns (the row's JSON text, `BAD_VALUE` or `None`), in one SELECT."""
@@ -317,17 +318,24 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
             execute('RELEASE journal_write')
 
     def put_text(self, key: str, text: str) -> None:
-        """What `set(key, text)` does, in one UPDATE when the row exists and has no side file to remove."""
+        """What `set(key, text)` does, in one statement: a new row, or the row there when it has no side file.
+
+        The row is what `set` writes for text (stored inline, `raw` key, no tag, no expiry), and diskcache's
+        triggers keep its count and size as they do for `set`'s own INSERT or UPDATE.
+        """
         if type(text) is not str:
             raise TypeError(f'DiskJournal stores JSON text only, not {type(text).__name__}.')
         now = time.time()
-        updated = self._con.execute(
-            'UPDATE Cache SET store_time = ?, expire_time = NULL, access_time = ?, access_count = 0, tag = NULL,'
-            ' size = 0, mode = ?, value = ? WHERE key = ? AND raw = 1 AND filename IS NULL',
-            (now, now, MODE_RAW, text, key),
+        written = self._con.execute(
+            'INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, size, mode,'
+            ' filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, 0, ?, NULL, ?)'
+            ' ON CONFLICT (key, raw) DO UPDATE SET store_time = excluded.store_time, expire_time = NULL,'
+            ' access_time = excluded.access_time, access_count = 0, tag = NULL, size = 0, mode = excluded.mode,'
+            ' value = excluded.value WHERE filename IS NULL',
+            (key, now, now, MODE_RAW, text),
         ).rowcount
-        if updated != 1:
-            self.set(key, text)  # a new row, or one whose side file `set` removes (confined, see `remove`)
+        if written != 1:
+            self.set(key, text)  # a row with a side file, which `set` removes (confined, see `remove`)
 
     def keys_between(self, low: str, high: str, *, limit: int) -> list[str]:
         """Up to `limit` keys `low <= key < high`, in order, through the key index (no scan of the journal)."""
