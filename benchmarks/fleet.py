@@ -45,14 +45,7 @@ class Run(fleet.Fleet):
     """One engine on one journal: the services, the workers, and a client that sends tasks."""
 
     def __init__(self, engine: str, journal: str, root: Path, tool_seconds: float) -> None:
-        super().__init__(
-            engine,
-            root,
-            FLEET_TOOL_SECONDS=str(tool_seconds),
-            FLEET_LEASE_TTL=str(LEASE_TTL),
-            FLEET_RESUME_AFTER=str(RESUME_AFTER),
-            FLEET_HEARTBEAT='1',
-        )
+        super().__init__(engine, root, tool_seconds=tool_seconds, lease_ttl=LEASE_TTL, resume_after=RESUME_AFTER)
         self.journal_kind = journal
         if journal == 'disk':
             self.settings['FLEET_JOURNAL'] = f'disk:{root / "journal"}'

@@ -329,14 +329,21 @@ class Fleet:
     `FLEET_*` environment; the script adds `FLEET_JOURNAL` before it starts a worker.
     """
 
-    def __init__(self, engine: str, root: Path, **settings: str) -> None:
+    def __init__(self, engine: str, root: Path, *, tool_seconds: float, lease_ttl: float, resume_after: float) -> None:
         self.engine, self.root = engine, root
         self.effects_path = root / 'effects.log'
         self.effects = Effects(self.effects_path, root / 'holds')
         self.workers: list[Worker] = []
         self.redis: Redis | None = None
         self.client: Any = None
-        self.settings = {'FLEET_EFFECTS': str(self.effects_path), 'FLEET_HOLDS': str(root / 'holds'), **settings}
+        self.settings = {
+            'FLEET_EFFECTS': str(self.effects_path),
+            'FLEET_HOLDS': str(root / 'holds'),
+            'FLEET_TOOL_SECONDS': str(tool_seconds),
+            'FLEET_LEASE_TTL': str(lease_ttl),
+            'FLEET_RESUME_AFTER': str(resume_after),
+            'FLEET_HEARTBEAT': '1',
+        }
         if engine == 'celery':
             from celery import Celery
 
