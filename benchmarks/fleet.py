@@ -41,58 +41,17 @@ LEASE_TTL = 5.0
 RESUME_AFTER = 5.0
 
 
-class Run:
+class Run(fleet.Fleet):
     """One engine on one journal: the services, the workers, and a client that sends tasks."""
 
     def __init__(self, engine: str, journal: str, root: Path, tool_seconds: float) -> None:
-        self.engine, self.journal_kind, self.root = engine, journal, root
-        self.effects_path = root / 'effects.log'
-        self.effects = fleet.Effects(self.effects_path, root / 'holds')
-        self.workers: list[fleet.Worker] = []
-        self.redis: fleet.Redis | None = None
-        self.client: Any = None
-        self.settings = {
-            'FLEET_EFFECTS': str(self.effects_path),
-            'FLEET_HOLDS': str(root / 'holds'),
-            'FLEET_TOOL_SECONDS': str(tool_seconds),
-            'FLEET_LEASE_TTL': str(LEASE_TTL),
-            'FLEET_RESUME_AFTER': str(RESUME_AFTER),
-            'FLEET_HEARTBEAT': '1',
-        }
-        server = pg.server_dsn()
-        if engine == 'celery':
-            self.redis = fleet.Redis(root / 'redis').start()
-            self.settings['FLEET_BROKER'] = self.redis.url
-            from celery import Celery
-
-            self.client = Celery('client', broker=self.redis.url)
-            database = server
-        else:
-            database = fleet.queue_database(server)
-            self.settings['FLEET_QUEUE_DSN'] = database
-            self.client = fleet.queue_client(database)
-        self.database = database
+        super().__init__(engine, root, tool_seconds=tool_seconds, lease_ttl=LEASE_TTL, resume_after=RESUME_AFTER)
+        self.journal_kind = journal
         if journal == 'disk':
             self.settings['FLEET_JOURNAL'] = f'disk:{root / "journal"}'
         else:
-            dsn = database if journal == 'postgres' else _through_bouncer(database)
+            dsn = self.database if journal == 'postgres' else _through_bouncer(self.database)
             self.settings['FLEET_JOURNAL'] = f'postgres:pad_bench:{dsn}'
-
-    def start_worker(self) -> fleet.Worker:
-        name = f'w{len(self.workers) + 1}'
-        env = fleet.worker_env(**self.settings)
-        if self.engine == 'celery':
-            worker = fleet.celery_worker(name, env, self.root)
-        else:
-            worker = fleet.procrastinate_worker(name, env, self.root)
-        self.workers.append(worker.start())
-        return worker
-
-    def send(self, task: str, prompt: str) -> None:
-        if self.engine == 'celery':
-            self.client.send_task(task, args=[prompt], ignore_result=True)
-        else:
-            self.client.configure_task(task).defer(prompt=prompt)
 
     def finished_at(self, prompts: set[str]) -> dict[str, float]:
         at: dict[str, float] = {}
@@ -104,14 +63,6 @@ class Run:
     def processes(self) -> int:
         alive = [worker for worker in self.workers if worker.process and worker.process.poll() is None]
         return sum(1 + len(worker.children()) for worker in alive)
-
-    def close(self) -> None:
-        for worker in self.workers:
-            worker.stop()
-        if self.redis is not None:
-            self.redis.stop()
-        if self.engine == 'procrastinate':
-            self.client.close()
 
 
 def _through_bouncer(database: str) -> str:

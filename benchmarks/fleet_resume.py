@@ -19,72 +19,26 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / 'tests'))
 
 import fleet  # noqa: E402  (the fleet tests' helpers: Redis, workers, the effects log)
-import pg  # noqa: E402
 
 LEASE_TTL = 5.0
 RESUME_AFTER = 5.0
 PROMPT = 'victim'
 
 
-class Case:
+class Case(fleet.Fleet):
     """One engine on one journal: the services, two workers, a client that sends tasks."""
 
     def __init__(self, engine: str, journal: str, root: Path, tool_seconds: float) -> None:
-        self.engine, self.root = engine, root
-        self.effects = fleet.Effects(root / 'effects.log', root / 'holds')
-        self.workers: list[fleet.Worker] = []
-        self.redis: fleet.Redis | None = None
-        self.settings = {
-            'FLEET_EFFECTS': str(root / 'effects.log'),
-            'FLEET_HOLDS': str(root / 'holds'),
-            'FLEET_TOOL_SECONDS': str(tool_seconds),
-            'FLEET_LEASE_TTL': str(LEASE_TTL),
-            'FLEET_RESUME_AFTER': str(RESUME_AFTER),
-            'FLEET_HEARTBEAT': '1',
-        }
-        if engine == 'celery':
-            from celery import Celery
-
-            self.redis = fleet.Redis(root / 'redis').start()
-            self.settings['FLEET_BROKER'] = self.redis.url
-            self.client: Any = Celery('client', broker=self.redis.url)
-            database = pg.server_dsn()
-        else:
-            database = fleet.queue_database(pg.server_dsn())
-            self.settings['FLEET_QUEUE_DSN'] = database
-            self.client = fleet.queue_client(database)
+        super().__init__(engine, root, tool_seconds=tool_seconds, lease_ttl=LEASE_TTL, resume_after=RESUME_AFTER)
         schema = f'pad_resume_{int(time.time() * 1000)}'
         self.settings['FLEET_JOURNAL'] = (
-            f'disk:{root / "journal"}' if journal == 'disk' else f'postgres:{schema}:{database}'
+            f'disk:{root / "journal"}' if journal == 'disk' else f'postgres:{schema}:{self.database}'
         )
-
-    def start_worker(self) -> fleet.Worker:
-        name = f'w{len(self.workers) + 1}'
-        env = fleet.worker_env(**self.settings)
-        make = fleet.celery_worker if self.engine == 'celery' else fleet.procrastinate_worker
-        worker = make(name, env, self.root).start()
-        self.workers.append(worker)
-        return worker
-
-    def send(self, prompt: str) -> None:
-        if self.engine == 'celery':
-            self.client.send_task('fleet.research', args=[prompt], ignore_result=True)
-        else:
-            self.client.configure_task('fleet.research').defer(prompt=prompt)
-
-    def close(self) -> None:
-        for worker in self.workers:
-            worker.stop()
-        if self.redis is not None:
-            self.redis.stop()
-        if self.engine == 'procrastinate':
-            self.client.close()
 
 
 def resume(engine: str, journal: str, backlog: int, tool_seconds: float) -> dict[str, float]:
@@ -93,12 +47,12 @@ def resume(engine: str, journal: str, backlog: int, tool_seconds: float) -> dict
         try:
             first = case.start_worker()
             release = case.effects.hold(PROMPT, 'tool-2')
-            case.send(PROMPT)
+            case.send('fleet.research', PROMPT)
             case.effects.pid_at(PROMPT, 'tool', 2)
             case.start_worker()
             names = [f'backlog-{n}' for n in range(backlog)]
             for name in names:
-                case.send(name)
+                case.send('fleet.research', name)
             if backlog:  # the second worker's two slots and the first worker's free one are taken
                 fleet.eventually('the backlog to fill every slot', lambda: case.effects.count(
                     what='body', phase='start') >= 4)  # fmt: skip

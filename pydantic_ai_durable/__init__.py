@@ -26,6 +26,7 @@ from ._core import (
     sweep_interrupted,
 )
 from ._errors import (
+    DispatchFailed,
     DurableError,
     EncryptionMismatch,
     ExecutionBusy,
@@ -88,6 +89,7 @@ __all__ = (
     'CallDecision',
     'DeferredCall',
     'DiskJournal',
+    'DispatchFailed',
     'Durable',
     'DurableError',
     'Encryption',

@@ -55,7 +55,7 @@ async def resolve(
     `dispatch=True` then sends the execution on to a worker, from the delivery its metadata recorded, through
     the fleet of this process that registered its task (import the module that defines the durable task
     first); it sends nothing while calls are still pending. The decisions are recorded before the
-    send: should the send fail, `DurableError` says so, the decisions stand, and the workers' sweep sends
+    send: should the send fail, `DispatchFailed` says so, the decisions stand, and the workers' sweep sends
     the execution once its `resume_after` has passed.
     """
     now = time.time()

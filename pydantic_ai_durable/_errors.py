@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = (
     'ConsoleRefused',
+    'DispatchFailed',
     'DurableError',
     'EncryptionMismatch',
     'ExecutionBusy',
@@ -226,3 +227,20 @@ class ResolutionRefused(DurableError, ValueError):
         self.call_id = call_id
         self.reason = reason
         super().__init__(f'Execution {key!r} cannot be resolved: {reason}. Nothing was recorded.')
+
+
+class DispatchFailed(DurableError):
+    """`resolve(..., dispatch=True)` recorded the decisions, but sending the execution on to a worker failed.
+
+    The decisions stand, unlike every refusal of `resolve`: a retry of the same decision is accepted and sends
+    nothing, and the workers' sweep sends the execution once its `resume_after` has passed (WT-4). `reason`
+    says what the send raised.
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(
+            f'Execution {key!r}: the decisions are recorded, but sending it on to a worker failed ({reason}). '
+            "They stand: the workers' sweep sends it once resume_after has passed."
+        )

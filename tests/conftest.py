@@ -18,8 +18,37 @@ from helpers import Operator
 from pg import fresh_schema, postgres_dsn  # noqa: F401
 from pg import put_raw as pg_put_raw
 
+from pydantic_ai_durable._core._lease import LeaseKeeper, LeaseRenewer
 from pydantic_ai_durable.journals import DiskJournal, Journal, MemoryJournal, PostgresJournal
 from pydantic_ai_durable.journals._common import execution_id
+
+
+def _renewed_leases() -> set[LeaseKeeper]:
+    """Every lease this process's renewers still keep renewing."""
+    with LeaseRenewer._registry:
+        renewers = list(LeaseRenewer._renewers.values())
+    keepers: set[LeaseKeeper] = set()
+    for renewer in renewers:
+        with renewer._guard:
+            keepers.update(keeper for keeper in renewer._keepers if keeper.lost is None)
+    return keepers
+
+
+@pytest.fixture(autouse=True)
+def _no_lease_left_renewing() -> Iterator[None]:
+    """A test ends every attempt it starts (CC-3): a lease left held is renewed for the rest of the session,
+    against a journal the test closed and, at the end, a server already stopped."""
+    before = _renewed_leases()
+    yield
+    left = _renewed_leases() - before
+    if left:
+        pytest.fail(
+            f'the test left {len(left)} lease(s) renewing: '
+            + ', '.join(sorted(f'{keeper.key!r} in {keeper.journal!r}' for keeper in left))
+            + '; finish each attempt it starts (Attempt.finish, or leave its execution block).',
+            pytrace=False,
+        )
+
 
 Where = tuple[Any, ...]
 """Where a raw value goes: `('entry', key, run, position)`, `('record', key, run, name)` or `('execution', key)`."""

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pg import in_ci
+from pg import in_ci, server_dsn
 
 TESTS = Path(__file__).resolve().parent
 
 __all__ = [
     'TESTS',
     'Effects',
+    'Fleet',
     'Redis',
     'Worker',
     'celery_worker',
@@ -318,3 +319,61 @@ class Effects:
             return None
 
         return int(eventually(f'{prompt} to start {what} {n or ""}', started))
+
+
+class Fleet:
+    """One engine's fleet for a benchmark script: its broker or queue, the workers it started, and a client.
+
+    Celery gets a Redis of its own and journals on the test server's database; Procrastinate gets a new
+    queue database, which is also the one its journal may use (`database`). `settings` are the workers'
+    `FLEET_*` environment; the script adds `FLEET_JOURNAL` before it starts a worker.
+    """
+
+    def __init__(self, engine: str, root: Path, *, tool_seconds: float, lease_ttl: float, resume_after: float) -> None:
+        self.engine, self.root = engine, root
+        self.effects_path = root / 'effects.log'
+        self.effects = Effects(self.effects_path, root / 'holds')
+        self.workers: list[Worker] = []
+        self.redis: Redis | None = None
+        self.client: Any = None
+        self.settings = {
+            'FLEET_EFFECTS': str(self.effects_path),
+            'FLEET_HOLDS': str(root / 'holds'),
+            'FLEET_TOOL_SECONDS': str(tool_seconds),
+            'FLEET_LEASE_TTL': str(lease_ttl),
+            'FLEET_RESUME_AFTER': str(resume_after),
+            'FLEET_HEARTBEAT': '1',
+        }
+        if engine == 'celery':
+            from celery import Celery
+
+            self.redis = Redis(root / 'redis').start()
+            self.settings['FLEET_BROKER'] = self.redis.url
+            self.client = Celery('client', broker=self.redis.url)
+            self.database = server_dsn()
+        else:
+            self.database = queue_database(server_dsn())
+            self.settings['FLEET_QUEUE_DSN'] = self.database
+            self.client = queue_client(self.database)
+
+    def start_worker(self) -> Worker:
+        name = f'w{len(self.workers) + 1}'
+        make = celery_worker if self.engine == 'celery' else procrastinate_worker
+        worker = make(name, worker_env(**self.settings), self.root).start()
+        self.workers.append(worker)
+        return worker
+
+    def send(self, task: str, prompt: str) -> None:
+        if self.engine == 'celery':
+            self.client.send_task(task, args=[prompt], ignore_result=True)
+        else:
+            self.client.configure_task(task).defer(prompt=prompt)
+
+    def close(self) -> None:
+        """Stop the workers, then the broker, and close the client."""
+        for worker in self.workers:
+            worker.stop()
+        if self.redis is not None:
+            self.redis.stop()
+        if self.engine == 'procrastinate':
+            self.client.close()

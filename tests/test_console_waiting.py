@@ -23,8 +23,18 @@ from helpers import Calls, two_step_agent
 from starlette.testclient import TestClient
 from waiting_agent import KEY, QUESTIONS, asking_agent, attempt, lines
 
-from pydantic_ai_durable import DeferredCall, deny_overdue, execution, pending_calls
+from pydantic_ai_durable import (
+    DeferredCall,
+    DispatchFailed,
+    DurableError,
+    ExecutionBusy,
+    JournalUnavailable,
+    deny_overdue,
+    execution,
+    pending_calls,
+)
 from pydantic_ai_durable._console import ConsoleSettings, build_app
+from pydantic_ai_durable._console._actions import decision_refused
 from pydantic_ai_durable.journals import DiskJournal, Encryption, reseal
 
 pytestmark = pytest.mark.once  # the console's own machinery, whatever the pydantic-ai version
@@ -296,3 +306,19 @@ def test_ui7_a_call_denied_by_its_deadline_shows_how_it_was_decided(client: Test
     assert 'data-call="c4" data-kind="external"' in page  # still waits, with its forms
     shown = {c['call_id']: c for c in client.get(f'/api/execution?key={KEY}').json()['calls']}
     assert shown['c2']['decision']['via'] == 'deadline' and shown['c4']['decision'] is None
+
+
+def test_ui7_a_failed_send_is_told_from_a_refusal_by_its_type_not_by_its_cause() -> None:
+    """A 502 says the decision stands and only the send failed; a 4xx says nothing was written."""
+    unsent = DispatchFailed(KEY, 'ConnectionError: the broker is down')  # no __cause__: pickled, or raised bare
+    assert unsent.__cause__ is None and decision_refused(unsent).status == 502
+    try:
+        try:
+            raise ImportError('no module named shop.tasks')
+        except ImportError as exc:
+            raise DurableError('no fleet is loaded here') from exc  # a refusal chained to a cause: nothing written
+    except DurableError as refusal:
+        assert refusal.__cause__ is not None and decision_refused(refusal).status == 409
+    busy = ExecutionBusy(KEY, holder='h:1:t:1', expires_at=1e9)
+    assert decision_refused(busy).status == 409
+    assert decision_refused(JournalUnavailable('the server closed the connection')).status == 503

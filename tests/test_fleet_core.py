@@ -24,6 +24,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from pydantic_ai_durable import (
     DiskJournal,
+    DispatchFailed,
     Durable,
     DurableError,
     ExecutionBusy,
@@ -61,8 +62,12 @@ class ToyQueue:
     def __init__(self) -> None:
         self.messages: list[Message] = []
         self.sent = 0
+        self.down = False
+        """A broker that is down: every send raises."""
 
     def put(self, message: Message) -> None:
+        if self.down:
+            raise ConnectionError('the broker is down')
         self.messages.append(message)
         self.sent += 1
 
@@ -268,7 +273,8 @@ def test_e3_errors_cross_a_process_boundary_whole() -> None:
     busy = ExecutionBusy('k', holder='h:1:t:1', expires_at=1e9)
     lost = LeaseLost('k', holder=None)
     mismatch = MetadataMismatch('k', recorded={'args': [1]}, given={'args': [2]})
-    for error in (busy, lost, mismatch):
+    unsent = DispatchFailed('k', 'ConnectionError: the broker is down')
+    for error in (busy, lost, mismatch, unsent):
         again = pickle.loads(pickle.dumps(error))
         assert type(again) is type(error) and str(again) == str(error) and vars(again) == vars(error)
 
@@ -364,3 +370,35 @@ async def test_wt4_dispatch_with_no_fleet_loaded_is_refused_before_a_decision_is
         set_dispatcher(fleet_core)
     assert fleet_core is redispatch  # importing the fleet core made it the dispatcher
     assert [call.call_id for call in await pending_calls(journal, 'pay_out:job-7')] == ['pay-1', 'pay-2']
+
+
+async def test_wt4_ui7_a_send_that_fails_after_the_decision_is_a_dispatch_failed_502_and_the_decision_stands(
+    toy: tuple[ToyAdapter, DiskJournal, Counter[str]], tmp_path: Path
+) -> None:
+    from starlette.testclient import TestClient
+
+    from pydantic_ai_durable._console import ConsoleSettings, build_app
+
+    adapter, journal, _ = toy
+    await _ends_waiting(adapter, 'job-9', 'nine')
+    await _ends_waiting(adapter, 'job-10', 'ten')
+    adapter.queue.down = True
+    with pytest.raises(DispatchFailed, match='the decisions are recorded') as failed:
+        await resolve(journal, 'pay_out:job-9', approvals={'pay-1': True, 'pay-2': True}, dispatch=True)
+    assert (failed.value.key, failed.value.reason) == ('pay_out:job-9', 'ConnectionError: the broker is down')
+    settings = ConsoleSettings(by='ops', dispatch=True)  # what `serve --dispatch MODULE` builds
+    with TestClient(build_app(DiskJournal(tmp_path / 'journal'), settings), base_url='http://127.0.0.1:8765') as client:
+        csrf = client.get('/api/session').json()['csrf']
+        answer = client.post(
+            '/api/execution/resolve',
+            json={'key': 'pay_out:job-10', 'approvals': {'pay-1': True, 'pay-2': True}},
+            headers={'X-CSRF-Token': csrf},
+        )
+    assert answer.status_code == 502, answer.json()
+    assert 'the decisions are recorded' in answer.json()['error'] and 'the broker is down' in answer.json()['error']
+    for key in ('pay_out:job-9', 'pay_out:job-10'):
+        assert await pending_calls(journal, key) == []  # the decisions stand
+    assert adapter.queue.messages == []
+    adapter.queue.down = False
+    await asyncio.sleep(RESUME_AFTER)
+    assert sorted(await adapter.fleet.sweep()) == ['pay_out:job-10', 'pay_out:job-9']  # the sweep sends them

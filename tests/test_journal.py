@@ -1766,3 +1766,4 @@ async def test_e4_jf2_a_store_that_raises_journal_unavailable_for_now_is_retried
     await step.record('sent')  # retried past the two failures: a JournalError that may pass is not a refusal
     assert journal.failed == 2
     assert (await backend_journal.read_run(KEY, run.key)).entries[0] is not None
+    await attempt.finish(None)

@@ -17,13 +17,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._core import Resolution, export_execution, fork_execution, resolve_calls
-from .._errors import DurableError, EncryptionMismatch, ExecutionBusy, ResolutionRefused
+from .._errors import DispatchFailed, DurableError, EncryptionMismatch, JournalUnavailable, ResolutionRefused
 from ..journals import CallDecision, Journal, delete_under_lease
 
 __all__ = (
     'VERBS',
     'Refused',
     'api_decisions',
+    'decision_refused',
     'delete',
     'export',
     'file_name',
@@ -198,7 +199,16 @@ async def resolve(
             f'The calls of execution {key!r} are sealed: the console was started without the keys '
             '($PYDANTIC_AI_DURABLE_KEYS), so it can neither read nor decide them. Nothing was recorded.'
         ) from None
-    except ExecutionBusy as exc:
-        raise Refused(' '.join(str(exc).split())) from None
-    except DurableError as exc:  # no fleet loaded (nothing written), or the send failed (the decisions stand)
-        raise Refused(' '.join(str(exc).split()), 502 if exc.__cause__ is not None else 409) from None
+    except DurableError as exc:
+        raise decision_refused(exc) from None
+
+
+def decision_refused(error: DurableError) -> Refused:
+    """The answer to a decision `resolve_calls` did not take as asked, by the error's type (UI-7).
+
+    A refusal (an attempt holding the execution, no fleet loaded to dispatch with) is a 409: nothing was
+    written. A `DispatchFailed` is a 502: the decisions stand, and the fleet they were sent to failed. A
+    `JournalUnavailable` is a 503: the journal could not be reached, and the same decision may be sent again.
+    """
+    status = 502 if isinstance(error, DispatchFailed) else 503 if isinstance(error, JournalUnavailable) else 409
+    return Refused(' '.join(str(error).split()), status)

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._errors import DurableError, EncryptionMismatch, ExecutionBusy, LeaseLost, ResolutionRefused
+from .._errors import DispatchFailed, DurableError, EncryptionMismatch, ExecutionBusy, LeaseLost, ResolutionRefused
 from .._runtime import end_holding, new_holder, start_holding
 from ..journals import (
     DEFERRED,
@@ -156,7 +156,7 @@ async def resolve_calls(
 
     With `dispatch=True`, the resolution that decides the last pending call (`completed`) then sends the
     execution on to a worker through this process's dispatcher; a `DurableError` before anything is
-    written when there is none. A send that fails raises `DurableError` after the decisions are recorded:
+    written when there is none. A send that fails raises `DispatchFailed` after the decisions are recorded:
     they stand, and the fleet's sweep sends the execution once its `resume_after` has passed.
     """
     if not decisions:
@@ -168,10 +168,7 @@ async def resolve_calls(
     try:
         await dispatcher(journal, key)
     except Exception as exc:
-        raise DurableError(
-            f'Execution {key!r}: the decisions are recorded, but sending it on to a worker failed '
-            f"({type(exc).__name__}: {exc}). They stand: the workers' sweep sends it once resume_after has passed."
-        ) from exc
+        raise DispatchFailed(key, f'{type(exc).__name__}: {exc}') from exc
     log.info('Execution %r: its last pending call was decided; it was sent on to a worker.', key)
     return replace(resolution, dispatched=True)
 
