@@ -283,9 +283,8 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
 
     # Every SQL statement the journal runs itself is in this class, each with why diskcache's API is not used.
     # `read_text` and `put_text` (speed): they run on every step a journal records, and read and write the
-    # very rows `get` and `set` would, as one indexed statement each (an upsert for a write) instead of
-    # diskcache's several with their bookkeeping, which made up most of a fenced write's cost; anything
-    # unusual takes `set`'s path.
+    # very rows `get` and `set` would, in one statement each instead of diskcache's several with their
+    # bookkeeping, which made up most of a fenced write's cost; anything unusual takes `set`'s path.
 
     def read_text(self, key: str) -> Any:
         """What `get(key)` returns (the row's JSON text, `BAD_VALUE` or `None`), in one SELECT."""
@@ -318,20 +317,15 @@ class JournalCache(diskcache.Cache):  # type: ignore[misc]
             execute('RELEASE journal_write')
 
     def put_text(self, key: str, text: str) -> None:
-        """What `set(key, text)` does, in one statement: a new row, or the row there when it has no side file.
-
-        The row is what `set` writes for text (stored inline, `raw` key, no tag, no expiry), and diskcache's
-        triggers keep its count and size as they do for `set`'s own INSERT or UPDATE.
-        """
+        """What `set(key, text)` leaves (the row, and diskcache's counts by its triggers), in one upsert."""
         if type(text) is not str:
             raise TypeError(f'DiskJournal stores JSON text only, not {type(text).__name__}.')
         now = time.time()
         written = self._con.execute(
             'INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, size, mode,'
-            ' filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, 0, ?, NULL, ?)'
-            ' ON CONFLICT (key, raw) DO UPDATE SET store_time = excluded.store_time, expire_time = NULL,'
-            ' access_time = excluded.access_time, access_count = 0, tag = NULL, size = 0, mode = excluded.mode,'
-            ' value = excluded.value WHERE filename IS NULL',
+            ' filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, 0, ?, NULL, ?) ON CONFLICT (key, raw) DO UPDATE SET'
+            ' store_time = excluded.store_time, expire_time = NULL, access_time = excluded.access_time, tag = NULL,'
+            ' access_count = 0, size = 0, mode = excluded.mode, value = excluded.value WHERE filename IS NULL',
             (key, now, now, MODE_RAW, text),
         ).rowcount
         if written != 1:
