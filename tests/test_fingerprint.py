@@ -623,10 +623,10 @@ def test_fp7_rendering_does_not_touch_the_argument_the_tool_receives() -> None:
 )
 def test_fp7_plain_arguments_render_as_their_copy_does(args: Any) -> None:
     """Arguments of the built-in JSON types skip the copy (nothing in them runs code), with the same digests."""
-    from pydantic_ai_durable._fingerprint._canonical import canonical, render_value
-    from pydantic_ai_durable._fingerprint._digests import _call_hash, _plain, tool_call_digests
+    from pydantic_ai_durable._fingerprint._canonical import canonical, is_plain_json, render_value
+    from pydantic_ai_durable._fingerprint._digests import _call_hash, tool_call_digests
 
-    assert _plain(args)
+    assert is_plain_json(args)
     copied = render_value(copy.deepcopy(args))
     expected_call = _call_hash(copied, canonical('t'))
     text = f'{{"args":{copied},"name":{canonical("t")},"tool_call_id":{canonical("c1")}}}'
@@ -634,7 +634,7 @@ def test_fp7_plain_arguments_render_as_their_copy_does(args: Any) -> None:
 
 
 def test_fp7_arguments_that_are_not_plain_json_are_copied_before_rendering() -> None:
-    from pydantic_ai_durable._fingerprint._digests import _plain
+    from pydantic_ai_durable._fingerprint._canonical import is_plain_json
 
     class Keys(dict[str, Any]):
         pass
@@ -646,10 +646,10 @@ def test_fp7_arguments_that_are_not_plain_json_are_copied_before_rendering() -> 
         {'when': datetime(2026, 1, 1, tzinfo=UTC)},
         {'m': Lookup(city='a', days=1)},
     ):
-        assert not _plain(args), args
+        assert not is_plain_json(args), args
     cycle: list[Any] = [1]
     cycle.append(cycle)
-    assert not _plain({'c': cycle})  # the walk ends, and the copy and the renderer deal with the cycle
+    assert not is_plain_json({'c': cycle})  # the walk ends, and the copy and the renderer deal with the cycle
     assert fingerprint_tool_call('t', {'c': cycle}, 'c1') is None
     # a tuple renders as the list it would be in JSON: the copied path gives the plain one's digest
     assert fingerprint_tool_call('t', {'n': (1, 2)}, 'c1') == fingerprint_tool_call('t', {'n': [1, 2]}, 'c1')

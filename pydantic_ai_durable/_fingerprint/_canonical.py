@@ -19,7 +19,7 @@ from uuid import UUID
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
-__all__ = ('Unfingerprintable', 'adapter', 'canonical', 'inspect_guide', 'order', 'render_value')
+__all__ = ('Unfingerprintable', 'adapter', 'canonical', 'inspect_guide', 'is_plain_json', 'order', 'render_value')
 
 
 class Unfingerprintable(ValueError):
@@ -46,6 +46,37 @@ def adapter(kind: Any) -> TypeAdapter[Any]:
 def canonical(value: Any) -> str:
     """Canonical JSON text; raises `TypeError`/`ValueError` for anything `json` does not accept as is."""
     return _CANONICAL.encode(value)
+
+
+_PLAIN_NODES = 10_000
+
+
+def is_plain_json(value: object) -> bool:
+    """Whether `value` is JSON data of the built-in types only, so `canonical` renders it without running user code.
+
+    Dicts with string keys, lists and the scalars qualify; a subclass of any of them does not, nor does a
+    value of more than `_PLAIN_NODES` nodes (a cycle would never end the walk otherwise).
+    """
+    stack: list[Any] = [value]
+    budget = _PLAIN_NODES
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return False
+        node = stack.pop()
+        kind = type(node)
+        if kind in _SCALARS:
+            continue
+        if kind is dict:
+            for key in node:
+                if type(key) is not str:
+                    return False
+            stack.extend(node.values())
+        elif kind is list:
+            stack.extend(node)
+        else:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------------

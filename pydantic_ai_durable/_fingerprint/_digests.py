@@ -12,11 +12,10 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic_ai.messages import ModelMessage
 
-from ._canonical import canonical, render_value
+from ._canonical import canonical, is_plain_json, render_value
 from ._history import Masker, history_texts
 
 __all__ = ('call_digest', 'fingerprint_event', 'fingerprint_run_start', 'fingerprint_tool_call', 'tool_call_digests')
@@ -42,46 +41,13 @@ def tool_call_digests(name: str, args: object, tool_call_id: str | None) -> tupl
     `None` (with a warning) when the arguments cannot be rendered reproducibly.
     """
     try:
-        args_text = canonical(args) if _plain(args) else render_value(copy.deepcopy(args))
+        args_text = canonical(args) if is_plain_json(args) else render_value(copy.deepcopy(args))
         name_text = canonical(name)
         text = f'{{"args":{args_text},"name":{name_text},"tool_call_id":{canonical(tool_call_id)}}}'
         return hashlib.sha256(text.encode('ascii')).hexdigest(), _call_hash(args_text, name_text)
     except Exception as error:
         _warn_tool(name, error)
         return None, None
-
-
-_PLAIN_LEAVES = frozenset({str, int, float, bool, type(None)})
-_PLAIN_NODES = 10_000
-
-
-def _plain(value: object) -> bool:
-    """Whether `value` is JSON data of the built-in types only: rendering it runs no user code, so no copy.
-
-    The usual tool arguments (a dict of strings and numbers, as parsed from the model's JSON) are; anything
-    else, a subclass included, is copied before it is rendered, and so is a value of more than `_PLAIN_NODES`
-    nodes (a cycle never ends the walk otherwise: the copy and the renderer deal with it).
-    """
-    stack: list[Any] = [value]
-    budget = _PLAIN_NODES
-    while stack:
-        budget -= 1
-        if budget < 0:
-            return False
-        node = stack.pop()
-        kind = type(node)
-        if kind in _PLAIN_LEAVES:
-            continue
-        if kind is dict:
-            for key in node:
-                if type(key) is not str:
-                    return False
-            stack.extend(node.values())
-        elif kind is list:
-            stack.extend(node)
-        else:
-            return False
-    return True
 
 
 def call_digest(name: str, args: object) -> str | None:
