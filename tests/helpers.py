@@ -66,7 +66,9 @@ class Calls:
         return self.counts.get(name, 0)
 
 
-def two_step_model(calls: Calls, *, fail_final: bool = False, usages: tuple[RequestUsage, ...] = ()) -> FunctionModel:
+def two_step_model(
+    calls: Calls, *, fail_final: bool = False, usages: tuple[RequestUsage, ...] = (), model_name: str = 'two-step'
+) -> FunctionModel:
     """Asks for `query` once, then answers with what it returned (the two-step agent most tests use)."""
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -83,38 +85,30 @@ def two_step_model(calls: Calls, *, fail_final: bool = False, usages: tuple[Requ
             response.usage = usage
         return response
 
-    return FunctionModel(model, model_name='two-step')
+    return FunctionModel(model, model_name=model_name)
 
 
 def two_step_agent(
-    journal: Journal | None, calls: Calls, *, fail_final: bool = False, **agent_kwargs: Any
+    journal: Journal | None,
+    calls: Calls,
+    *,
+    fail_final: bool = False,
+    usages: tuple[RequestUsage, ...] = (),
+    model_name: str = 'two-step',
+    **agent_kwargs: Any,
 ) -> Agent[None, str]:
+    """The two-step agent; `usages` are what its responses report, and a known `model_name` (gpt-4o) prices them."""
+
     def query(sql: str) -> str:
         calls.hit('tool')
         return '3 rows'
 
     return Agent(
-        two_step_model(calls, fail_final=fail_final),
+        two_step_model(calls, fail_final=fail_final, usages=usages, model_name=model_name),
         name='two_step',
         toolsets=[FunctionToolset([query], id='db')],
         capabilities=[Durable(journal=journal)],
         **agent_kwargs,
-    )
-
-
-def priced_agent(journal: Journal | None, usages: tuple[RequestUsage, ...]) -> Agent[None, str]:
-    """The two-step agent on a model named gpt-4o that reports `usages`: its responses are priced."""
-    model = two_step_model(Calls(), usages=usages)
-    model._model_name = 'gpt-4o'
-
-    def query(sql: str) -> str:
-        return '3 rows'
-
-    return Agent(
-        model,
-        name='two_step',
-        toolsets=[FunctionToolset([query], id='db')],
-        capabilities=[Durable(journal=journal)],
     )
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from helpers import Calls, Operator, priced_agent, two_step_agent
+from helpers import Calls, Operator, two_step_agent
 from pg import fresh_schema
 from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -539,8 +539,9 @@ def test_cli1_show_gives_the_cost_of_a_priced_run(tmp_path: Path) -> None:
 
     async def record() -> None:
         journal = DiskJournal(path)
+        usages = (RequestUsage(input_tokens=1000, output_tokens=20),) * 2
         async with execution('priced-1', journal=journal):
-            await priced_agent(journal, (RequestUsage(input_tokens=1000, output_tokens=20),) * 2).run('count the rows')
+            await two_step_agent(journal, Calls(), usages=usages, model_name='gpt-4o').run('count the rows')
         await journal.close()
 
     asyncio.run(record())

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import Calls, priced_agent, two_step_agent
+from helpers import Calls, two_step_agent
 from pydantic_ai.usage import RequestUsage
 from starlette.testclient import TestClient
 
@@ -222,7 +222,7 @@ def _priced_journal(path: Path) -> DiskJournal:
     async def record() -> None:
         journal = DiskJournal(path)
         async with execution('priced-1', journal=journal):
-            await priced_agent(journal, usages).run('count the rows')
+            await two_step_agent(journal, Calls(), usages=usages, model_name='gpt-4o').run('count the rows')
         await journal.close()
 
     import asyncio
