@@ -22,7 +22,7 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
 from ._core import Run
-from ._fingerprint import ModelFingerprinter, RequestPreparer
+from ._fingerprint import ModelFingerprinter, RequestPreparer, earlier_scheme_digest
 from ._masking import SecretRegistry
 from ._usage import NestedUsage, ReplayUsageLedger, RunSpend, is_successful_tool_payload
 
@@ -65,8 +65,8 @@ class ActiveRun:
         settings: ModelSettings | None,
         params: ModelRequestParameters,
         ctx: RunContext[Any],
-    ) -> str | None:
-        """Fingerprint a request as the model it goes to will see it (A-7)."""
+    ) -> tuple[str | None, Callable[[], str | None] | None]:
+        """Fingerprint a request as the model it goes to will see it (A-7), with its first-scheme digest (FP-16)."""
         step = self.run.next_position
         try:
             model = await self.resolve_model(model_id, ctx)
@@ -80,10 +80,12 @@ class ActiveRun:
                 type(exc).__name__,
                 exc,
             )
-            return None
-        return self.fingerprinter.fingerprint(
-            identity, messages, dict(prepared_settings) if prepared_settings else None, prepared_params, step=step
-        )
+            return None, None
+        settings_dict = dict(prepared_settings) if prepared_settings else None
+        fingerprint = self.fingerprinter.fingerprint(identity, messages, settings_dict, prepared_params, step=step)
+        if fingerprint is None:
+            return None, None
+        return fingerprint, earlier_scheme_digest(identity, messages, settings_dict, prepared_params, self.secrets)
 
 
 _ACTIVE_RUNS: ContextVar[Mapping[int, ActiveRun] | None] = ContextVar('pydantic_ai_durable.active_runs', default=None)

@@ -377,6 +377,14 @@ ANSWER_AFFECTING = {
     'xai_max_turns', 'xai_agent_count',
     # added by 2.63-2.68: prompt text about `<system>` frames, who may call web tools, what a response keeps
     'framing_announcement', 'anthropic_web_tools_allowed_callers', 'openai_include_unmapped_response_data',
+    # added by 2.71-2.78: each can change what the model is asked or what it returns (where it runs, which tier,
+    # what a response includes, a thinking summary, a continued message), so each counts, as a setting not
+    # reviewed as transport-only would (FP-4)
+    'anthropic_inference_geo', 'anthropic_previous_message_id', 'anthropic_thinking_display', 'bedrock_thinking_display',
+    'google_interactions_generation_config', 'google_interactions_native_tools', 'google_interactions_response_format',
+    'google_interactions_safety_settings', 'google_interactions_service_tier', 'google_interactions_thinking_level',
+    'google_interactions_thinking_summaries', 'groq_service_tier', 'huggingface_logprobs', 'huggingface_top_logprobs',
+    'openai_include_web_search_results', 'openai_safety_identifier', 'thinking_summary',
 }  # fmt: skip
 
 

@@ -10,7 +10,7 @@ every write (live steps, kept replays, fences, records, the failure meta) to its
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from .._errors import JournalCorrupt, ReplayDiverged
@@ -136,7 +136,14 @@ class Run:
     # -- claiming --------------------------------------------------------------------------------
 
     def claim(
-        self, name: str, kind: Kind, fingerprint: str | None, *, replayable: bool = True, call: str | None = None
+        self,
+        name: str,
+        kind: Kind,
+        fingerprint: str | None,
+        *,
+        replayable: bool = True,
+        call: str | None = None,
+        earlier: Callable[[], str | None] | None = None,
     ) -> Step:
         """Take the next position and decide whether it replays (M-1..M-7). Never awaits.
 
@@ -144,7 +151,8 @@ class Run:
         a recorded result of the same call made at another position. Raises instead when the
         attempt may no longer run steps, when an earlier attempt left a fence for this call
         because its result could not be journaled, or when the run diverged under
-        `on_divergence="raise"`.
+        `on_divergence="raise"`. `earlier` gives the step's fingerprint under an earlier scheme, asked for
+        only when the recorded fingerprint differs from `fingerprint` (FP-16).
         """
         self.attempt.check(self.state)
         if self.stopped is not None:
@@ -154,7 +162,7 @@ class Run:
         if kind == 'model':
             self._last_model_position = position
         step = Step(self, position, name, kind, fingerprint, replayable, call=call)
-        entry = self._match(step)
+        entry = self._match(step, earlier)
         if entry is None and call is not None and replayable and (self.diverged or position not in self._recorded):
             entry = self._match_arguments(step)  # after a divergence, or where nothing was recorded
         if entry is None:
@@ -187,7 +195,7 @@ class Run:
             log.debug('run %s: replayed step %d (%s)', self.key, position, name)
         return step
 
-    def _match(self, step: Step) -> dict[str, Any] | None:
+    def _match(self, step: Step, earlier: Callable[[], str | None] | None = None) -> dict[str, Any] | None:
         if not step.replayable or self.diverged:
             return None
         fence = self._meta.diverge_from
@@ -205,7 +213,8 @@ class Run:
         if entry['name'] != step.name:
             self._diverge(step, f'previous attempt ran {entry["name"]} here')
             return None
-        if entry.get('fingerprint') != step.fingerprint:
+        recorded = entry.get('fingerprint')
+        if recorded != step.fingerprint and (recorded is None or earlier is None or recorded != earlier()):
             self._diverge(step, 'request differs (prompt, model, settings, tools, arguments, history)')
             return None
         if step.fingerprint is None and not self._previous_replayed:

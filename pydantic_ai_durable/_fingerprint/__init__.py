@@ -14,7 +14,7 @@ Modules, bottom up: `_canonical` (canonical JSON), `_settings` (which settings c
 from ._digests import call_digest, fingerprint_event, fingerprint_run_start, fingerprint_tool_call, tool_call_digests
 from ._history import Masker
 from ._incremental import VERIFY_ENV_VAR, ModelFingerprinter, Renderings, RequestPreparer
-from ._request import fingerprint_model_request
+from ._request import earlier_scheme_digest, fingerprint_model_request
 from ._settings import TRANSPORT_ONLY_SETTINGS
 
 __all__ = (
@@ -25,6 +25,7 @@ __all__ = (
     'Renderings',
     'RequestPreparer',
     'call_digest',
+    'earlier_scheme_digest',
     'fingerprint_event',
     'fingerprint_model_request',
     'fingerprint_run_start',

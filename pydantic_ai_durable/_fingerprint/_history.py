@@ -22,7 +22,15 @@ from pydantic_core import PydanticSerializationError
 
 from ._canonical import canonical, inspect_guide, order
 
-__all__ = ('Masker', 'NeedsFullPath', 'Snapshot', 'history_texts', 'new_message_texts', 'snapshot_of')
+__all__ = (
+    'BOOKKEEPING_FIELDS',
+    'Masker',
+    'NeedsFullPath',
+    'Snapshot',
+    'history_texts',
+    'new_message_texts',
+    'snapshot_of',
+)
 
 
 class Masker(Protocol):
@@ -43,20 +51,43 @@ class NeedsFullPath(Exception):
     """A new message's python-mode dump failed: FP-9 or a real error, which only the full path decides."""
 
 
-_MESSAGE_VOLATILE = frozenset({'timestamp', 'run_id', 'conversation_id'})
+def _bookkeeping_fields() -> frozenset[str]:
+    """The fields pydantic-ai's own message dataclasses leave out of equality: bookkeeping, not content (FP-15).
+
+    pydantic-ai marks a field `compare=False` when two messages that differ only there are the same
+    message, such as `ModelResponse.request_timestamp` and `duration`, which change on every call. Read
+    from the installed release, so a field a later release adds that way is left out without a change here.
+    """
+    from pydantic_ai import messages
+
+    names: set[str] = set()
+    for value in vars(messages).values():
+        if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == messages.__name__:
+            names.update(field.name for field in dataclasses.fields(value) if not field.compare)
+    return frozenset(name for name in names if not name.startswith('_'))
 
 
-def _without_timestamp(value: Any) -> Any:
-    if isinstance(value, dict) and 'timestamp' in value:
-        return {key: item for key, item in value.items() if key != 'timestamp'}
+_EARLIER_MESSAGE = frozenset({'timestamp', 'run_id', 'conversation_id'})
+"""What the first fingerprint scheme left out of a message (FP-3); journals recorded under it still match (FP-16)."""
+_EARLIER_PART = frozenset({'timestamp'})
+_BOOKKEEPING = _bookkeeping_fields() | {'record_id'}  # a capability part's record id is never sent to the model
+_MESSAGE_VOLATILE = _EARLIER_MESSAGE | _BOOKKEEPING
+_PART_VOLATILE = _EARLIER_PART | _BOOKKEEPING
+BOOKKEEPING_FIELDS = _BOOKKEEPING
+"""Every field left out of messages and parts beyond the first scheme's (FP-15): absent, both schemes agree."""
+
+
+def _without(value: Any, volatile: frozenset[str]) -> Any:
+    if isinstance(value, dict) and not volatile.isdisjoint(value):
+        return {key: item for key, item in value.items() if key not in volatile}
     return value
 
 
-def _strip_part(part: Any) -> Any:
-    """Drop a part's timestamp, and the timestamps of the nested returns code mode records (CM-2)."""
+def _strip_part(part: Any, volatile: frozenset[str]) -> Any:
+    """Drop a part's bookkeeping, and the timestamps of the nested returns code mode records (CM-2)."""
     if not isinstance(part, dict):
         return part
-    result = _without_timestamp(part)
+    result = _without(part, volatile)
     metadata = result.get('metadata')
     if (
         result.get('part_kind') == 'tool-return'
@@ -64,34 +95,41 @@ def _strip_part(part: Any) -> Any:
         and metadata.get('code_mode') is True
         and isinstance(metadata.get('tool_returns'), dict)
     ):
-        returns = {key: _without_timestamp(value) for key, value in metadata['tool_returns'].items()}
+        returns = {key: _without(value, _EARLIER_PART) for key, value in metadata['tool_returns'].items()}
         result = {**result, 'metadata': {**metadata, 'tool_returns': returns}}
     return result
 
 
-def _strip_volatile(message: Any) -> Any:
-    """Remove the fields pydantic-ai regenerates on every attempt, and nothing inside user data (FP-3)."""
+def _strip_volatile(message: Any, earlier: bool = False) -> Any:
+    """Remove what pydantic-ai regenerates on every attempt, and nothing inside user data (FP-3, FP-15).
+
+    `earlier` strips only what the first scheme did, for a journal entry recorded under it (FP-16).
+    """
     if not isinstance(message, dict):
         return message
-    result = {key: value for key, value in message.items() if key not in _MESSAGE_VOLATILE}
+    message_volatile, part_volatile = (
+        (_EARLIER_MESSAGE, _EARLIER_PART) if earlier else (_MESSAGE_VOLATILE, _PART_VOLATILE)
+    )
+    result = {key: value for key, value in message.items() if key not in message_volatile}
     parts = result.get('parts')
     if isinstance(parts, list):
-        result['parts'] = [_strip_part(part) for part in parts]
+        result['parts'] = [_strip_part(part, part_volatile) for part in parts]
     return result
 
 
-def _finish_message(rendered: Any, secrets: Masker | None) -> bytes:
+def _finish_message(rendered: Any, secrets: Masker | None, earlier: bool = False) -> bytes:
     """Mask, then drop volatile fields, then encode, in the rule's order."""
     masked = secrets.mask(rendered) if secrets is not None else rendered
-    return canonical(_strip_volatile(masked)).encode('ascii')
+    return canonical(_strip_volatile(masked, earlier)).encode('ascii')
 
 
-def history_texts(messages: Sequence[ModelMessage], secrets: Masker | None) -> list[bytes]:
+def history_texts(messages: Sequence[ModelMessage], secrets: Masker | None, *, earlier: bool = False) -> list[bytes]:
     """FP-3 as written: dump the whole history with `ModelMessagesTypeAdapter`, order, mask, strip.
 
     This is the reference the incremental path is checked against, so it takes no shortcuts. Each message
     is masked on its own; masking recurses into a list element by element (K-2), so that equals masking
-    the list, and it lets the incremental path mask only new messages.
+    the list, and it lets the incremental path mask only new messages. `earlier` renders under the first
+    scheme (FP-16).
     """
     history = list(messages)
     try:
@@ -103,7 +141,9 @@ def history_texts(messages: Sequence[ModelMessage], secrets: Masker | None) -> l
     specials = [inspect_guide(guide) for guide in guides] if guides is not None else [False] * len(history)
     rendered = ModelMessagesTypeAdapter.dump_python(history, mode='json')
     return [
-        _finish_message(order(item, guides[index]) if guides is not None and specials[index] else item, secrets)
+        _finish_message(
+            order(item, guides[index]) if guides is not None and specials[index] else item, secrets, earlier
+        )
         for index, item in enumerate(rendered)
     ]
 

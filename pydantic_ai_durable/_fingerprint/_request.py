@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic_ai.messages import ModelMessage
@@ -24,7 +24,15 @@ from ._settings import settings_text
 if TYPE_CHECKING:
     from hashlib import _Hash
 
-__all__ = ('MESSAGES_OPEN', 'fingerprint_model_request', 'full_digest', 'params_text', 'request_tail', 'warn_model')
+__all__ = (
+    'MESSAGES_OPEN',
+    'earlier_scheme_digest',
+    'fingerprint_model_request',
+    'full_digest',
+    'params_text',
+    'request_tail',
+    'warn_model',
+)
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -93,10 +101,12 @@ def full_digest(
     settings: Mapping[str, Any] | None,
     params: ModelRequestParameters,
     secrets: Masker | None,
+    *,
+    earlier: bool = False,
 ) -> str:
-    """The from-scratch digest; raises on anything that cannot be fingerprinted."""
+    """The from-scratch digest; raises on anything that cannot be fingerprinted. `earlier`: the first scheme (FP-16)."""
     hasher = hashlib.sha256(MESSAGES_OPEN)
-    _hash_messages(hasher, history_texts(messages, secrets), first=True)
+    _hash_messages(hasher, history_texts(messages, secrets, earlier=earlier), first=True)
     hasher.update(request_tail(identity, settings_text(settings), params_text(params)))
     return hasher.hexdigest()
 
@@ -120,6 +130,28 @@ def fingerprint_model_request(
     except Exception as error:
         warn_model(step, error)
         return None
+
+
+def earlier_scheme_digest(
+    identity: str,
+    messages: Sequence[ModelMessage],
+    settings: Mapping[str, Any] | None,
+    params: ModelRequestParameters,
+    secrets: Masker | None,
+) -> Callable[[], str | None]:
+    """The request's digest under the first scheme, computed only when asked: on a mismatch (FP-16).
+
+    A journal recorded before FP-15 hashed the bookkeeping fields a later pydantic-ai put on messages; its
+    entries still replay when this digest equals theirs. `None` when it cannot be computed.
+    """
+
+    def digest() -> str | None:
+        try:
+            return full_digest(identity, messages, settings, params, secrets, earlier=True)
+        except Exception:
+            return None
+
+    return digest
 
 
 def warn_model(step: int | None, error: BaseException) -> None:

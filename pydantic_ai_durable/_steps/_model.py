@@ -70,11 +70,13 @@ class ModelRequest(StepKind):
         settings = cast('ModelSettings | None', settings)
         params = cast(ModelRequestParameters, params)
         ctx = cast('RunContext[Any]', ctx)
-        fingerprint = await active.fingerprint_model_request(model_id, messages, settings, params, ctx)
+        fingerprint, earlier = await active.fingerprint_model_request(model_id, messages, settings, params, ctx)
         renderings = active.fingerprinter.take_renderings()
-        return cls(
+        step = cls(
             name, True, decoder, hands_on, body, model_id, messages, settings, params, ctx, fingerprint, renderings
         )
+        step.earlier = earlier
+        return step
 
     def fingerprint(self, active: ActiveRun) -> str | None:
         messages = self.messages

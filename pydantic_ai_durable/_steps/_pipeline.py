@@ -60,6 +60,8 @@ class StepKind:
     """A tool call's digest of name and arguments, set by `fingerprint`: what argument matching compares."""
     sent: Any = field(default=None, init=False)
     """What the step was asked, recorded with its entry when set by `going_live`."""
+    earlier: Callable[[], str | None] | None = field(default=None, init=False)
+    """Its fingerprint under an earlier scheme, computed only when the current one misses (FP-16)."""
 
     def fingerprint(self, active: ActiveRun) -> str | None:
         """The fingerprint the step is claimed with (FP-rules); whatever must precede the claim happens here too.
@@ -115,7 +117,9 @@ async def run_step(active: ActiveRun, kind: StepKind) -> object:
     a result that cannot be journaled, which leaves a fence at its position.
     """
     fingerprint = kind.fingerprint(active)  # first: it sets the call digest
-    step = active.run.claim(kind.name, kind.journal_kind, fingerprint, replayable=kind.replayable, call=kind.call)
+    step = active.run.claim(
+        kind.name, kind.journal_kind, fingerprint, replayable=kind.replayable, call=kind.call, earlier=kind.earlier
+    )
     if step.replayed:
         if kind.verified:
             return await _replay_verified(active, step, kind)
