@@ -17,8 +17,14 @@ from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, DeferredToolResu
 from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolset
 
 from ._active_run import ActiveRun, activated, active_run
-from ._compat import check_private_hooks, name_capability_toolsets, resolve_request_model
-from ._core import DivergenceMode, SimulatedCrash, check_divergence_mode
+from ._compat import (
+    CANCELLATION_TOKENS_ACCEPTED,
+    check_private_hooks,
+    in_pydantic_ai_unit,
+    name_capability_toolsets,
+    resolve_request_model,
+)
+from ._core import DivergenceMode, SimulatedCrash, check_divergence_mode, current_step
 from ._execution import current_attempt, track_spend
 from ._fingerprint import ModelFingerprinter, fingerprint_run_start
 from ._masking import SECRETS, SecretRegistry
@@ -74,6 +80,9 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         sequential_tools_in_durable_context=False,
         # refused when passed to one run: they would bypass the durable units registered at construction
         unsupported_runtime_toolset_kinds=frozenset({'function', 'mcp', 'dynamic'}),
+        # A-12: a token is fired in the caller's own process, where every step runs; a cancelled run's
+        # completed steps are journaled and the next attempt replays them (the releases that ask)
+        **CANCELLATION_TOKENS_ACCEPTED,
     )
 
     def __init__(
@@ -117,6 +126,19 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
     def in_durable_context(self) -> bool:
         return current_attempt() is not None
 
+    @property
+    def in_durable_unit(self) -> bool:
+        """Inside a step of this capability's own run whose result is journaled, pydantic-ai's units or ours (A-13).
+
+        pydantic-ai refuses `submit_output()` (and a wait) inside a unit it knows, since a replayed unit would not
+        submit again; the leaf toolsets this package journals itself are units too, which pydantic-ai cannot see.
+        """
+        if in_pydantic_ai_unit():
+            return True
+        step = current_step()
+        active = active_run(self)
+        return step is not None and active is not None and step.run is active.run
+
     def get_durable_operation_backend(self) -> DurableBackend:
         # pydantic-ai asks for the backend, and binds the model operations, on every request; both depend
         # only on the names below, so one backend and one binding per model serve every request.
@@ -130,15 +152,19 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         return backend
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
-        # A cancellation token is a handle of the caller's own process, which is where our steps run:
-        # cancelling fails the attempt and the next attempt replays, the durable contract (A-4).
-        return None
+        """The base's checks, where its release lets `engine_spec` accept cancellation tokens (A-12).
+
+        pydantic-ai 2.62 refuses every token in a durable context without asking the spec; a token is a handle
+        of the caller's own process, where our steps run, so there the check is left out.
+        """
+        if CANCELLATION_TOKENS_ACCEPTED:
+            await super().before_run(ctx)
 
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
         """Open a journal run around the agent run: number it, seed usage, fence failures (A-3)."""
         attempt = current_attempt()
         if attempt is None:
-            return await handler()
+            return await super().wrap_run(ctx, handler=handler)
         start = fingerprint_run_start(ctx.prompt, ctx.messages, secrets=self.secrets)
         run = await attempt.start_run(attempt.journal_for(self.journal), start=start, on_divergence=self.on_divergence)
         spend = RunSpend(run)
@@ -151,7 +177,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         with activated(self, active):
             try:
                 with traced_run(run, ctx.capabilities, lambda: spend.attempt):
-                    result = await handler()
+                    result = await super().wrap_run(ctx, handler=handler)  # A-12: the base's duties, inherited
             except SimulatedCrash:
                 raise  # stands for a process death, which writes nothing
             except BaseException as error:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.durable_exec import BaseDurabilityCapability
+from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec
 from pydantic_ai.models import Model
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionToolset, WrapperToolset
@@ -24,15 +24,38 @@ from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionTools
 from ._errors import DurableError
 
 __all__ = (
+    'CANCELLATION_TOKENS_ACCEPTED',
     'PRIVATE_HOOKS',
     'TESTED_PYDANTIC_AI',
     'check_private_hooks',
+    'in_pydantic_ai_unit',
     'name_capability_toolsets',
     'resolve_request_model',
 )
 
-TESTED_PYDANTIC_AI = '2.62 to 2.68'
+TESTED_PYDANTIC_AI = '2.62 to 2.78'
 """The pydantic-ai-slim releases CI runs the test suite against (docs/compatibility.md)."""
+
+CANCELLATION_TOKENS_ACCEPTED: dict[str, bool] = (
+    {'accepts_cancellation_token': True}
+    if 'accepts_cancellation_token' in getattr(DurabilityEngineSpec, '__dataclass_fields__', {})
+    else {}
+)
+"""`engine_spec`'s cancellation-token policy, on the releases whose spec declares one (A-12); empty on 2.62."""
+
+try:  # pydantic-ai 2.7x: the flag its own operation backend sets around a unit's body
+    from pydantic_ai._run_context import in_durable_unit as _pydantic_ai_unit_flag
+except ImportError:  # pragma: no cover - older releases keep it in the durable package
+    try:
+        from pydantic_ai.durable_exec._operation_backend import in_durable_unit as _pydantic_ai_unit_flag
+    except ImportError:
+        _pydantic_ai_unit_flag = None
+
+
+def in_pydantic_ai_unit() -> bool:
+    """Whether pydantic-ai's own operation backend is running a unit's body in this task (A-13)."""
+    return _pydantic_ai_unit_flag is not None and bool(_pydantic_ai_unit_flag())
+
 
 RESOLVE_MODEL_HOOK = 'BaseDurabilityCapability._resolve_model_for_request'
 
