@@ -125,7 +125,9 @@ class Submitting(AbstractToolset[Any]):
         definition = ToolDefinition(name='finish', parameters_json_schema={'type': 'object'})
         return {'finish': ToolsetTool(toolset=self, tool_def=definition, max_retries=1, args_validator=_ANY_ARGS)}
 
-    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]) -> Any:
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
         self.bodies.append(name)
         output_tool = next(iter(ctx.output_tools))
         await ctx.submit_output(output_tool, {'response': 'submitted'})  # type: ignore[attr-defined,unused-ignore]

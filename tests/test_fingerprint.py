@@ -380,7 +380,8 @@ ANSWER_AFFECTING = {
     # added by 2.71-2.78: each can change what the model is asked or what it returns (where it runs, which tier,
     # what a response includes, a thinking summary, a continued message), so each counts, as a setting not
     # reviewed as transport-only would (FP-4)
-    'anthropic_inference_geo', 'anthropic_previous_message_id', 'anthropic_thinking_display', 'bedrock_thinking_display',
+    'anthropic_inference_geo', 'anthropic_previous_message_id', 'anthropic_thinking_display',
+    'bedrock_thinking_display',
     'google_interactions_generation_config', 'google_interactions_native_tools', 'google_interactions_response_format',
     'google_interactions_safety_settings', 'google_interactions_service_tier', 'google_interactions_thinking_level',
     'google_interactions_thinking_summaries', 'groq_service_tier', 'huggingface_logprobs', 'huggingface_top_logprobs',
