@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from pydantic_ai.agent import AbstractAgent, EventStreamHandler
 from pydantic_ai.capabilities import AbstractCapability, WrapOutputProcessHandler, WrapRunHandler
-from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec
+from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec, conversation_id_from_run_id
 from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.models import Model
 from pydantic_ai.output import OutputContext
@@ -46,6 +47,9 @@ from .journals import Journal
 __all__ = ('Durable',)
 
 log = logging.getLogger('pydantic_ai_durable')
+
+_RUN_IDS = uuid.UUID('5d1f3c2e-7a4b-4e8f-9c61-2b0d8a7e4f13')
+"""The namespace of the run ids `Durable` derives (A-14); changing it changes every derived run id."""
 
 
 def _is_mcp_toolset(toolset: object) -> bool:
@@ -114,6 +118,8 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         self._request_models: dict[tuple[int, str | None], Model] = {}
         self._backend: DurableBackend | None = None
         self._opted_out: frozenset[str] | None = None
+        self._numbered: dict[tuple[str, str], str] = {}
+        """Run keys numbered by `get_default_run_id`, by execution key and the run id given, until the run starts."""
 
     def __repr__(self) -> str:
         return f'Durable(journal={self.journal!r}, name={self.name!r})'
@@ -151,6 +157,24 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
             )
         return backend
 
+    def get_default_run_id(self) -> str | None:
+        """A run id that every attempt of the execution gives the same run (A-14).
+
+        The run is numbered here, as `start_run` would number it, and its id derives from the execution key and
+        that number; the run takes the number back when it starts. Outside an execution: a fresh id.
+        """
+        attempt = current_attempt()
+        if attempt is None:
+            return None
+        run_key = attempt.next_run_key(attempt.journal_for(self.journal))
+        run_id = str(uuid.uuid5(_RUN_IDS, f'{attempt.key}\x00{run_key}'))
+        self._numbered[(attempt.key, run_id)] = run_key
+        return run_id
+
+    def get_default_conversation_id(self, run_id: str) -> str | None:
+        """The conversation id of a run that inherits none, derived from its stable run id (A-14)."""
+        return conversation_id_from_run_id(run_id) if current_attempt() is not None else None
+
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
         """The base's checks, where its release lets `engine_spec` accept cancellation tokens (A-12).
 
@@ -166,7 +190,9 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         if attempt is None:
             return await super().wrap_run(ctx, handler=handler)
         start = fingerprint_run_start(ctx.prompt, ctx.messages, secrets=self.secrets)
-        run = await attempt.start_run(attempt.journal_for(self.journal), start=start, on_divergence=self.on_divergence)
+        journal = attempt.journal_for(self.journal)
+        key = self._numbered.pop((attempt.key, ctx.run_id), '')  # A-14: numbered when its id was given
+        run = await attempt.start_run(journal, start=start, on_divergence=self.on_divergence, key=key)
         spend = RunSpend(run)
         ctx.usage.incr(spend.earlier)  # U2-2: earlier attempts' spend counts before the first limit check
         ledger = ReplayUsageLedger(run_usage=ctx.usage, usage_limits=ctx.usage_limits)

@@ -160,3 +160,44 @@ async def test_a13_submit_output_from_a_journaled_leaf_tool_is_refused_as_in_any
         async with execution('a13'):
             await durable.run('go')
     assert bodies == ['finish']
+
+
+# -- a run's identity is the same in every attempt of its execution ---------------------------------------
+
+
+async def test_a14_run_id_and_conversation_id_are_the_same_in_every_attempt(tmp_path: Path) -> None:
+    journal = DiskJournal(tmp_path / 'j')
+    seen: list[tuple[str, str | None]] = []
+    fail = [True]
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if _returns(messages) == 0:
+            return ModelResponse(parts=[ToolCallPart('look', {}, tool_call_id='l1')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    def look(ctx: RunContext[None]) -> str:
+        seen.append((ctx.run_id, getattr(ctx, 'conversation_id', None)))
+        if fail[0]:
+            fail[0] = False
+            raise RuntimeError('the process dies here')
+        return 'seen'
+
+    agent = Agent(
+        FunctionModel(model),
+        name='ids',
+        toolsets=[FunctionToolset([look], id='look')],
+        capabilities=[Durable(journal=journal)],
+    )
+    with pytest.raises(RuntimeError):
+        async with execution('a14', cleanup='keep'):
+            await agent.run('go')
+    async with execution('a14', cleanup='keep'):
+        first = await agent.run('go')
+        second = await agent.run('again')
+    assert len(seen) == 3 and seen[0] == seen[1]  # the same run id and conversation id in both attempts
+    assert seen[2][0] != seen[0][0]  # another run of the same attempt
+    assert first.run_id == seen[0][0]
+    assert second.run_id == seen[2][0]
+    inside = {run_id for run_id, _ in seen}
+    outside = await agent.run('go')  # outside an execution: pydantic-ai's own fresh id
+    assert outside.run_id not in inside

@@ -376,7 +376,7 @@ class Attempt:
 
     # -- runs ------------------------------------------------------------------------------------
 
-    def _next_run_key(self, journal: Journal) -> str:
+    def next_run_key(self, journal: Journal) -> str:
         parent = current_step()
         if (
             parent is not None
@@ -391,14 +391,14 @@ class Attempt:
         return key
 
     async def start_run(
-        self, journal: Journal, *, start: str | None = None, on_divergence: DivergenceMode | None = None
+        self, journal: Journal, *, start: str | None = None, on_divergence: DivergenceMode | None = None, key: str = ''
     ) -> Run:
         """Number a new run (synchronously, in start order) and read what earlier attempts recorded for it.
 
         `start` fingerprints what the run is started with; see `Run._started_alike`. `on_divergence` is
-        the capability's policy; the execution's own, when set, wins (DV-3).
+        the capability's policy; the execution's own, when set, wins (DV-3). `key`: numbered before (A-14).
         """
-        run_key = self._next_run_key(journal)
+        run_key = key or self.next_run_key(journal)
         state = await self.open(journal)
         self.check(state)
         if run_key not in state.runs:  # R-6: a run is registered when it starts
