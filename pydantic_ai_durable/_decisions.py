@@ -71,7 +71,11 @@ async def resolve(
             continue
         decisions[call_id] = _result(call_id, value, now, by)
     if asked_users:
-        calls = {call.call_id: call for call in await pending_calls(journal, key, decided=True)}
+        calls: dict[str, DeferredCall] = {}
+        for call in await pending_calls(journal, key, decided=True):  # oldest first: a pending call wins (WT-7)
+            for name in (call.call_id, call.ref):
+                if call.pending or name not in calls or not calls[name].pending:
+                    calls[name] = call
         for call_id in asked_users:
             decisions[call_id] = _answer(key, calls.get(call_id), call_id, (results or {})[call_id], now, by)
     return await resolve_calls(journal, key, decisions, wait=wait, dispatch=dispatch)

@@ -118,13 +118,11 @@ async def test_wt7_a_reused_call_id_is_a_new_call_each_refund_runs_once_and_the_
         await resolve(disk(tmp_path), KEY, approvals={'c1': True})
 
 
-async def test_wt7_two_runs_of_one_execution_with_test_models_ids_each_wait_for_their_own_decision(
-    tmp_path: Path,
-) -> None:
-    paid: list[int] = []
+def two_runs_app(journal: Journal, paid: list[int], *, stop_waiting: bool) -> Any:
+    """Two runs of `TestModel` in one execution, which name their refund calls alike; `stop_waiting`: the app
+    does not start the second while the first waits."""
 
     async def app() -> list[Any]:
-        journal = disk(tmp_path)
         agent: Agent[Any, Any] = Agent(
             TestModel(),
             name='refunds',
@@ -141,9 +139,21 @@ async def test_wt7_two_runs_of_one_execution_with_test_models_ids_each_wait_for_
         async with execution(KEY, journal=journal):
             for prompt in ('first order', 'second order'):
                 outputs.append((await agent.run(prompt)).output)
-                if isinstance(outputs[-1], DeferredToolRequests):
+                if stop_waiting and isinstance(outputs[-1], DeferredToolRequests):
                     break
         return outputs
+
+    return app()
+
+
+async def test_wt7_two_runs_of_one_execution_with_test_models_ids_each_wait_for_their_own_decision(
+    tmp_path: Path,
+) -> None:
+    paid: list[int] = []
+
+    async def app() -> list[Any]:
+        result: list[Any] = await two_runs_app(disk(tmp_path), paid, stop_waiting=True)
+        return result
 
     (first,) = await app()
     assert isinstance(first, DeferredToolRequests)
@@ -161,6 +171,28 @@ async def test_wt7_two_runs_of_one_execution_with_test_models_ids_each_wait_for_
     outputs = await app()
     assert len(outputs) == 2 and not any(isinstance(output, DeferredToolRequests) for output in outputs)
     assert paid == [0, 0]  # one refund per run
+    (info,) = await disk(tmp_path).list_executions()
+    assert info.state == 'finished'
+
+
+async def test_wt7_two_calls_pending_with_one_id_are_decided_by_their_refs(tmp_path: Path) -> None:
+    paid: list[int] = []
+    outputs = await two_runs_app(disk(tmp_path), paid, stop_waiting=False)
+    assert [type(output) for output in outputs] == [DeferredToolRequests] * 2
+    calls = await pending_calls(disk(tmp_path), KEY)
+    assert [(call.call_id, call.run) for call in calls] == [
+        ('pyd_ai_tool_call_id__refund', '0'),
+        ('pyd_ai_tool_call_id__refund', '1'),
+    ]
+    with pytest.raises(ResolutionRefused, match='share the id') as refused:
+        await resolve(disk(tmp_path), KEY, approvals={'pyd_ai_tool_call_id__refund': True})
+    assert calls[0].ref in str(refused.value) and calls[1].ref in str(refused.value)
+    resolution = await resolve(disk(tmp_path), KEY, approvals={calls[0].ref: True, calls[1].ref: False})
+    assert resolution.completed and resolution.decided == ('pyd_ai_tool_call_id__refund',) * 2
+
+    outputs = await two_runs_app(disk(tmp_path), paid, stop_waiting=False)
+    assert not any(isinstance(output, DeferredToolRequests) for output in outputs)
+    assert paid == [0]  # the first run's refund approved, the second's denied
     (info,) = await disk(tmp_path).list_executions()
     assert info.state == 'finished'
 
@@ -225,9 +257,7 @@ async def test_wt8_a_fork_after_a_decided_wait_keeps_its_decision_and_replays_wh
     await fork_execution(journal, KEY, 'fork', at=after)
 
     forked = await attempt(disk(tmp_path), paid, key='fork')
-    assert isinstance(forked, DeferredToolRequests) and [c.args_as_dict() for c in forked.approvals] == [
-        {'amount': 10}
-    ]
+    assert isinstance(forked, DeferredToolRequests) and [c.args_as_dict() for c in forked.approvals] == [{'amount': 10}]
     assert paid == [5]  # refund(5) replayed from the fork's copy, not run again
     calls = await pending_calls(disk(tmp_path), 'fork', decided=True)
     assert [(c.arguments, c.decision is not None) for c in calls] == [({'amount': 5}, True), ({'amount': 10}, False)]

@@ -321,6 +321,8 @@ def call_json(call: DeferredCall) -> dict[str, Any]:
     decision = call.decision
     return {
         'call_id': call.call_id,
+        'ref': call.ref,
+        'wait': call.wait,
         'tool': call.tool_name,
         'kind': call.kind,
         'run': call.run,
