@@ -9,6 +9,9 @@ the tool bodies did and compares the outcome with pydantic-ai's own runs given t
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +82,18 @@ async def plain_runs(decisions: list[DeferredToolResults]) -> tuple[Any, list[in
         assert isinstance(result.output, DeferredToolRequests)
         result = await agent.run(message_history=result.all_messages(), deferred_tool_results=decision)
     return result.output, paid
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, '-m', 'pydantic_ai_durable', *args],
+        capture_output=True,
+        text=True,
+        encoding='utf-8',
+        env={**os.environ, 'PYTHONIOENCODING': 'utf-8'},
+        timeout=120,
+        check=False,
+    )
 
 
 def disk(tmp_path: Path) -> DiskJournal:
@@ -187,8 +202,18 @@ async def test_wt7_two_calls_pending_with_one_id_are_decided_by_their_refs(tmp_p
     with pytest.raises(ResolutionRefused, match='share the id') as refused:
         await resolve(disk(tmp_path), KEY, approvals={'pyd_ai_tool_call_id__refund': True})
     assert calls[0].ref in str(refused.value) and calls[1].ref in str(refused.value)
-    resolution = await resolve(disk(tmp_path), KEY, approvals={calls[0].ref: True, calls[1].ref: False})
-    assert resolution.completed and resolution.decided == ('pyd_ai_tool_call_id__refund',) * 2
+    journal_dir = str(tmp_path / 'journal')
+    shown = cli('--journal', journal_dir, 'show', KEY)
+    assert shown.returncode == 0 and calls[0].ref in shown.stdout and calls[1].ref in shown.stdout, shown
+    approved = cli('--journal', journal_dir, 'approve', KEY, calls[0].ref, '--by', 'alice')
+    assert approved.returncode == 0, approved.stderr
+    resolution = await resolve(disk(tmp_path), KEY, approvals={calls[1].ref: False})
+    assert resolution.completed and resolution.decided == ('pyd_ai_tool_call_id__refund',)
+    decided = await pending_calls(disk(tmp_path), KEY, decided=True)
+    assert [(c.run, c.decision.kind, c.decision.by) for c in decided if c.decision] == [
+        ('0', 'approved', 'alice'),
+        ('1', 'denied', None),
+    ]
 
     outputs = await two_runs_app(disk(tmp_path), paid, stop_waiting=False)
     assert not any(isinstance(output, DeferredToolRequests) for output in outputs)
