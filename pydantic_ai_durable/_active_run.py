@@ -50,6 +50,8 @@ class ActiveRun:
     responses: the next request records only what follows."""
     deferred_tools: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     """The tool metadata of each call the run was asked to decide, by call id: its record lists it."""
+    deferred_at: dict[str, int] = field(default_factory=dict)
+    """The position of the wait where the run was last asked to decide each call, by call id (WT-7)."""
 
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)

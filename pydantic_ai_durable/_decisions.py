@@ -45,11 +45,13 @@ async def resolve(
     answers calls whose result comes from outside: the value is the tool's return (JSON data, or a pydantic
     model or dataclass, stored as JSON), `ToolFailed(message)` refuses it, and for a question of
     pydantic-ai-harness's `AskUser` the person's `AskUserResponse` (checked against the question) or
-    `ask_user_result(request, response)`. `by` names who decided, for the audit trail.
+    `ask_user_result(request, response)`. `by` names who decided, for the audit trail. A call id names the call
+    pending under it; where two pending calls share an id, name each by its `DeferredCall.ref` (WT-7).
 
     All decisions are recorded at once, fenced under the execution's lease, or none is. Deciding a call the
-    same way again is accepted; anything else that cannot be recorded raises `ResolutionRefused`, and
-    `ExecutionBusy` when an attempt still holds the execution after `wait` seconds. The returned `Resolution`
+    same way again is accepted; a call past its deadline (WT-9), and anything else that cannot be recorded,
+    raises `ResolutionRefused`, and `ExecutionBusy` when an attempt still holds the execution after `wait`
+    seconds. The returned `Resolution`
     says what is still pending, and `completed` when this call decided the last one.
 
     `dispatch=True` then sends the execution on to a worker, from the delivery its metadata recorded, through
@@ -71,7 +73,11 @@ async def resolve(
             continue
         decisions[call_id] = _result(call_id, value, now, by)
     if asked_users:
-        calls = {call.call_id: call for call in await pending_calls(journal, key, decided=True)}
+        calls: dict[str, DeferredCall] = {}
+        for call in await pending_calls(journal, key, decided=True):  # oldest first: a pending call wins (WT-7)
+            for name in (call.call_id, call.ref):
+                if call.pending or name not in calls or not calls[name].pending:
+                    calls[name] = call
         for call_id in asked_users:
             decisions[call_id] = _answer(key, calls.get(call_id), call_id, (results or {})[call_id], now, by)
     return await resolve_calls(journal, key, decisions, wait=wait, dispatch=dispatch)

@@ -107,12 +107,13 @@ def calls_lines(record: dict[str, Any] | None) -> list[str]:
     if not calls:
         return []
     pending = [call for call in calls if call.pending]
+    ids = [call.call_id for call in pending]
     lines: list[str] = []
     if pending:
         lines += ['', f'waiting on {plural(len(pending), "call")}']
         rows = [
             [
-                cell(call.call_id, 40),
+                cell(call.ref if ids.count(call.call_id) > 1 else call.call_id, 60),  # a shared id is ambiguous (WT-7)
                 cell(call.tool_name, 40),
                 call.kind,
                 local(call.since),

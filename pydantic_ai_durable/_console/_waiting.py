@@ -97,7 +97,7 @@ async def decision_note(journal: Journal, key: str, call_id: str, note: str) -> 
         calls = await pending_calls(journal, key, decided=True)
     except EncryptionMismatch:
         return None
-    found = next((call for call in calls if call.call_id == call_id), None)
+    found = next((call for call in reversed(calls) if call_id in (call.call_id, call.ref)), None)  # the latest (WT-7)
     if found is None or found.decision is None:
         return None
     again = 'was decided the same way before: nothing new was recorded. It is ' if note == 'unchanged' else 'is '

@@ -28,7 +28,7 @@ from ._stats import Divergence, Stats, StepOutcome
 from ._step import STEP_OBSERVER, SimulatedCrash, Step, StepPoint, current_step
 from ._sweep import DISPATCHED, sweep_interrupted
 from ._transfer import copy_execution, export_execution, fork_execution, import_execution
-from ._waiting import Deferral, decisions_for, note_answered, note_deferred, still_waiting
+from ._waiting import Deferral, decided_at, decisions_for, note_answered, note_deferred, still_waiting
 
 __all__ = (
     'DISPATCHED',
@@ -61,6 +61,7 @@ __all__ = (
     'check_same_work',
     'copy_execution',
     'current_step',
+    'decided_at',
     'decisions_for',
     'deny_overdue',
     'describe',

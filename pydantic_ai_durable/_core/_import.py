@@ -20,7 +20,7 @@ from typing import Any
 
 from .._errors import ImportRefused, LeaseLost
 from .._runtime import end_holding, new_holder, start_holding
-from ..journals import Journal
+from ..journals import DEFERRED, Journal
 from ._export import RunCopy, Snapshot, check_key, read_snapshot
 from ._fences import RunMeta
 from ._lease import LeaseKeeper
@@ -184,8 +184,30 @@ def fork_snapshot(snapshot: Snapshot, *, run: str, at: int) -> Snapshot:
     }
     record['attempts'] = 0
     record['runs'] = [copy.name for copy in kept]
+    if DEFERRED in record:
+        record[DEFERRED] = _waits_before(record[DEFERRED], cut, at)
     record['forked_from'] = {'key': snapshot.key, 'run': run, 'at': at}
     return Snapshot(snapshot.key, record, kept, 'interrupted', snapshot.payloads)
+
+
+def _waits_before(calls: object, cut: int, at: int) -> dict[str, Any]:
+    """The deferred calls, with their decisions, of the waits that lie before the fork point (WT-8).
+
+    A wait of an earlier run is kept, and one of the cut run only if it lies before step `at`; any other, and
+    one recorded before waits had positions, stays behind: the fork's own run asks for its own decision there,
+    so one approval never pays twice.
+    """
+    if not isinstance(calls, dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for slot, item in calls.items():
+        run = item.get('run') if isinstance(item, dict) else None
+        wait = item.get('wait') if isinstance(item, dict) else None
+        if not isinstance(run, str) or not run.isdigit():
+            continue
+        if int(run) < cut or (int(run) == cut and isinstance(wait, int) and wait < at):
+            kept[slot] = item
+    return kept
 
 
 def _cut_run(run: RunCopy, at: int) -> RunCopy:

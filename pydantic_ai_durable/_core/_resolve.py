@@ -32,6 +32,7 @@ from ..journals import (
     ExecutionInfo,
     Journal,
     deferred_calls,
+    deferred_slots,
     metadata_of,
     state_of,
 )
@@ -215,14 +216,12 @@ async def _decide(journal: Journal, key: str, decisions: Mapping[str, CallDecisi
     status = state_of(record, leased=False)
     if status != 'waiting':
         raise ResolutionRefused(key, None, _not_waiting(status))
-    calls = {call.call_id: call for call in deferred_calls(record)}
-    changes: dict[str, CallDecision] = {}
+    slots = deferred_slots(record)
+    changes: dict[str, tuple[str, CallDecision]] = {}  # by slot: the call id and its decision
     unchanged: list[str] = []
+    now = time.time()
     for call_id, decision in decisions.items():
-        call = calls.get(call_id)
-        if call is None:
-            waits = ', '.join(f'{c.call_id} ({c.tool_name})' for c in calls.values() if c.pending) or 'nothing'
-            raise ResolutionRefused(key, call_id, f'it has no deferred call {call_id!r}; it waits on {waits}')
+        slot, call = _target(key, call_id, slots)
         if decision.kind not in _ALLOWED[call.kind]:
             wanted = 'approve or deny it' if call.kind == 'approval' else 'give its result, or deny it'
             raise ResolutionRefused(
@@ -240,14 +239,21 @@ async def _decide(journal: Journal, key: str, decisions: Mapping[str, CallDecisi
             raise ResolutionRefused(key, call_id, f'call {call_id!r} was answered by run {call.answered_in} already')
         if call.decision is not None:
             if call.decision.same_as(decision):
-                unchanged.append(call_id)
+                unchanged.append(call.call_id)
                 continue
             raise ResolutionRefused(key, call_id, f'call {call_id!r} was decided already: {describe(call.decision)}')
-        changes[call_id] = decision
+        if call.deadline is not None and decision.via != 'deadline' and max(now, decision.at) >= call.deadline:
+            raise ResolutionRefused(
+                key,
+                call_id,
+                f'call {call_id!r} ({call.tool_name}) passed its deadline at {_utc(call.deadline)}: only its '
+                'deadline decides it now, and the next deadline pass (deny_overdue, which the sweep runs) denies it',
+            )
+        changes[slot] = (call.call_id, decision)
     if changes:
         stored = dict(record[DEFERRED])
-        for call_id, decision in changes.items():
-            stored[call_id] = {**stored[call_id], 'decision': decision.as_record()}
+        for slot, (_, decision) in changes.items():
+            stored[slot] = {**stored[slot], 'decision': decision.as_record()}
         written = {**record, DEFERRED: stored, 'updated': time.time()}
         try:
             ok = await journal.write_execution(key, written, epoch=epoch)
@@ -256,10 +262,32 @@ async def _decide(journal: Journal, key: str, decisions: Mapping[str, CallDecisi
         if not ok:
             raise ResolutionRefused(key, None, 'the decision cannot be stored as JSON')
         record = written
-        for call_id, decision in changes.items():
+        for call_id, decision in changes.values():
             log.info('Execution %r: call %s was %s.', key, call_id, describe(decision))
     pending = tuple(call.call_id for call in deferred_calls(record) if call.pending)
-    return Resolution(key, tuple(changes), tuple(unchanged), pending, metadata_of(record))
+    decided = tuple(call_id for call_id, _ in changes.values())
+    return Resolution(key, decided, tuple(unchanged), pending, metadata_of(record))
+
+
+def _target(key: str, given: str, slots: list[tuple[str, DeferredCall]]) -> tuple[str, DeferredCall]:
+    """The call a decision given for `given` is for (WT-7): the one pending with that call id, else the one that
+    `ref` names (`ID@RUN:WAIT`), else the latest with that id (decided: the same decision again is accepted)."""
+    pending = [(slot, call) for slot, call in slots if call.call_id == given and call.pending]
+    if len(pending) == 1:
+        return pending[0]
+    named = [(slot, call) for slot, call in slots if call.ref == given and call.wait is not None]
+    if named:
+        return named[0]
+    if pending:
+        refs = ', '.join(f'{call.ref} ({call.tool_name}, run {call.run})' for _, call in pending)
+        raise ResolutionRefused(
+            key, given, f'{len(pending)} calls it waits on share the id {given!r}: decide each by its ref, {refs}'
+        )
+    same = [(slot, call) for slot, call in slots if call.call_id == given]
+    if same:
+        return same[-1]
+    waits = ', '.join(f'{call.call_id} ({call.tool_name})' for _, call in slots if call.pending) or 'nothing'
+    raise ResolutionRefused(key, given, f'it has no deferred call {given!r}; it waits on {waits}')
 
 
 def _not_waiting(status: str) -> str:
@@ -293,6 +321,8 @@ def call_json(call: DeferredCall) -> dict[str, Any]:
     decision = call.decision
     return {
         'call_id': call.call_id,
+        'ref': call.ref,
+        'wait': call.wait,
         'tool': call.tool_name,
         'kind': call.kind,
         'run': call.run,
@@ -327,7 +357,7 @@ async def deny_listed(
     resolved: list[Resolution] = []
     for info in listed:
         overdue = {
-            call.call_id: CallDecision(
+            call.ref: CallDecision(
                 kind='denied',
                 at=moment,
                 via='deadline',

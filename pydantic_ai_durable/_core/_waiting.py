@@ -17,7 +17,15 @@ from typing import Any
 
 from ..journals import DEFERRED, CallDecision, CallKind, decision_of, deferred_calls
 
-__all__ = ('Deferral', 'decisions_for', 'note_answered', 'note_deferred', 'pending_ids', 'still_waiting')
+__all__ = (
+    'Deferral',
+    'decided_at',
+    'decisions_for',
+    'note_answered',
+    'note_deferred',
+    'pending_ids',
+    'still_waiting',
+)
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -32,6 +40,8 @@ class Deferral:
     arguments: Any
     digest: str
     """Digest of the tool name and arguments: a decision applies only to the call it was made for."""
+    wait: int
+    """The position in the run where it waits: with the run, what a decision belongs to, whatever the id (WT-7)."""
     metadata: dict[str, Any] | None = None
     tool_metadata: dict[str, Any] | None = None
     request: dict[str, Any] | None = None
@@ -46,22 +56,56 @@ def _calls(record: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
+def _slot(calls: dict[str, Any], call_id: str, run: str, wait: int, tool: str, digest: str) -> str | None:
+    """The slot of the call `call_id` run `run` waits on at position `wait` (WT-7), or `None` if none is noted.
+
+    A slot recorded before waits had positions (keyed by the call id, no `wait`) is taken by the first wait of
+    its run that asks the same tool with the same arguments, and stamped with it, so later waits that reuse the
+    id never reach its decision.
+    """
+    for slot, item in calls.items():
+        if isinstance(item, dict) and (item.get('id', slot), item.get('run'), item.get('wait')) == (call_id, run, wait):
+            return slot
+    legacy = calls.get(call_id)
+    if (
+        isinstance(legacy, dict)
+        and 'wait' not in legacy
+        and (legacy.get('run'), legacy.get('tool'), legacy.get('digest')) == (run, tool, digest)
+    ):
+        legacy['id'], legacy['wait'] = call_id, wait
+        return call_id
+    return None
+
+
+def _free_slot(calls: dict[str, Any], call_id: str, run: str, wait: int) -> str:
+    """A slot name for a new wait: the call id, unless an earlier wait holds it (a reused id)."""
+    if call_id not in calls:
+        return call_id
+    name = f'{call_id}@{run}:{wait}'
+    count = 1
+    while name in calls:
+        count += 1
+        name = f'{call_id}@{run}:{wait}#{count}'
+    return name
+
+
 def note_deferred(record: dict[str, Any], run: str, deferrals: Sequence[Deferral]) -> None:
     """Note the calls run `run` ended waiting on; a call noted before (a replay of the same wait) keeps its state.
 
-    A call id the record already holds for another call (another run, tool or arguments) is replaced, with a
-    WARNING: a decision must never reach a call it was not made for. A decided call that waits again for another
-    kind of decision (an approved tool that then defers its result) keeps its decision, applied on every
-    replay, and is marked `again`: pydantic-ai asks for that second decision only in a new run, never in the
-    step that applied the first, so the execution waits for an app that passes `DeferredToolResults` itself,
-    with a WARNING, instead of finishing.
+    A call is its run and the position of its wait there with its id (WT-7): a later wait that reuses the id is
+    another call, with a slot of its own, and the earlier call keeps its decision. A different call noted at the
+    same wait (the run went another way after a divergence) is replaced, with a WARNING: a decision must never
+    reach a call it was not made for. A decided call that waits again for another kind of decision (an approved
+    tool that then defers its result) keeps its decision, applied on every replay, and is marked `again`:
+    pydantic-ai asks for that second decision only in a new run, never in the step that applied the first, so
+    the execution waits for an app that passes `DeferredToolResults` itself, with a WARNING, instead of finishing.
     """
     calls = _calls(record)
     now = time.time()
     for deferral in deferrals:
-        known = calls.get(deferral.call_id)
-        same = isinstance(known, dict) and (known.get('run'), known.get('tool'), known.get('digest')) == (
-            run,
+        slot = _slot(calls, deferral.call_id, run, deferral.wait, deferral.tool_name, deferral.digest)
+        known = calls.get(slot) if slot is not None else None
+        same = isinstance(known, dict) and (known.get('tool'), known.get('digest')) == (
             deferral.tool_name,
             deferral.digest,
         )
@@ -81,11 +125,15 @@ def note_deferred(record: dict[str, Any], run: str, deferrals: Sequence[Deferral
                 continue
         if known is not None:
             log.warning(
-                'Execution record: tool call id %r was deferred before for another call; the earlier one is forgotten.',
+                'Execution record: run %s waited at step %d on another call %r before; the earlier one is forgotten.',
+                run,
+                deferral.wait,
                 deferral.call_id,
             )
-        calls[deferral.call_id] = {
+        calls[slot if slot is not None else _free_slot(calls, deferral.call_id, run, deferral.wait)] = {
+            'id': deferral.call_id,
             'run': run,
+            'wait': deferral.wait,
             'tool': deferral.tool_name,
             'kind': deferral.kind,
             'args': deferral.arguments,
@@ -98,15 +146,19 @@ def note_deferred(record: dict[str, Any], run: str, deferrals: Sequence[Deferral
         }
 
 
-def note_answered(record: dict[str, Any], run: str, call_ids: Iterable[str]) -> None:
-    """Note that run `run` gave these calls their results without a recorded decision (the app's own way)."""
+def note_answered(record: dict[str, Any], run: str, answered: Iterable[tuple[str, str, str]]) -> None:
+    """Note that run `run` gave these calls `(call id, tool name, digest)` their results without a recorded
+    decision (the app's own way): only a call an earlier run waits on is answered so, never one of this run,
+    whose results come from its decisions, nor another call that reused the id (WT-7)."""
     calls = record.get(DEFERRED)
     if not isinstance(calls, dict):
         return
-    for call_id in call_ids:
-        known = calls.get(call_id)
+    given = set(answered)
+    for slot, known in calls.items():
         if (
             isinstance(known, dict)
+            and known.get('run') != run
+            and (known.get('id', slot), known.get('tool'), known.get('digest')) in given
             and known.get('answered') is None
             and (known.get('decision') is None or known.get('again') is not None)
         ):
@@ -114,31 +166,52 @@ def note_answered(record: dict[str, Any], run: str, call_ids: Iterable[str]) -> 
 
 
 def decisions_for(
-    record: dict[str, Any], run: str, asked: Sequence[tuple[str, str, str, CallKind]]
+    record: dict[str, Any], run: str, wait: int, asked: Sequence[tuple[str, str, str, CallKind]]
 ) -> dict[str, CallDecision]:
-    """The recorded decisions for the calls `(call id, tool name, digest, kind)` a run is now waiting on.
+    """The recorded decisions for the calls `(call id, tool name, digest, kind)` run `run` waits on at `wait`.
 
-    All or nothing: unless every one of them was noted by this run, for this tool, these arguments and this kind
-    of decision, and is decided, the answer is empty and the run ends waiting again without running anything.
+    All or nothing: unless every one of them was noted at this wait of this run (WT-7), for this tool, these
+    arguments and this kind of decision, and is decided, the answer is empty and the run ends waiting again
+    without running anything.
     """
     calls = record.get(DEFERRED)
+    if not isinstance(calls, dict):
+        return {}
     found: dict[str, CallDecision] = {}
     for call_id, tool_name, digest, kind in asked:
-        stored = calls.get(call_id) if isinstance(calls, dict) else None
+        slot = _slot(calls, call_id, run, wait, tool_name, digest)
+        stored = calls.get(slot) if slot is not None else None
         if not isinstance(stored, dict):
             return {}
-        if (stored.get('run'), stored.get('tool'), stored.get('digest'), stored.get('kind')) != (
-            run,
-            tool_name,
-            digest,
-            kind,
-        ):
+        if (stored.get('tool'), stored.get('digest'), stored.get('kind')) != (tool_name, digest, kind):
             return {}
         decision = decision_of(stored.get('decision'))
         if decision is None:
             return {}
         found[call_id] = decision
     return found
+
+
+def decided_at(record: dict[str, Any], run: str, waits: Iterable[tuple[str, int]]) -> set[str]:
+    """Which of the calls `(call id, wait)` of run `run` are decided and wait on nothing more (WT-10).
+
+    An attempt that starts while some calls of a wait are pending replays to that wait and ends there again;
+    its `DeferredToolRequests` lists only what still waits, so an app that shows it asks nobody twice.
+    """
+    calls = record.get(DEFERRED)
+    if not isinstance(calls, dict):
+        return set()
+    decided: set[str] = set()
+    for call_id, wait in waits:
+        for slot, item in calls.items():
+            if (
+                isinstance(item, dict)
+                and (item.get('id', slot), item.get('run'), item.get('wait')) == (call_id, run, wait)
+                and item.get('decision') is not None
+                and item.get('again') is None
+            ):
+                decided.add(call_id)
+    return decided
 
 
 def still_waiting(record: dict[str, Any]) -> bool:

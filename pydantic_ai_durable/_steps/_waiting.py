@@ -16,12 +16,12 @@ from typing import Any
 
 from pydantic import TypeAdapter
 from pydantic_ai.exceptions import ToolFailed
-from pydantic_ai.messages import RetryPromptPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.messages import ModelMessage, RetryPromptPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, RunContext, ToolApproved, ToolDenied
 
 from .._active_run import ActiveRun
-from .._core import Deferral, decisions_for, note_answered, note_deferred
+from .._core import Deferral, decided_at, decisions_for, note_answered, note_deferred
 from .._fingerprint import call_digest
 from ..journals import CallDecision, CallKind
 
@@ -63,12 +63,16 @@ async def recorded_decisions(
 ) -> DeferredToolResults | None:
     """The recorded decisions for every call the run now waits on, or `None` when one is still pending (WT-3).
 
-    Also remembers each call's tool metadata, which the record lists and which may give it a deadline.
+    A decision belongs to this wait of this run, named by the run's next position, whatever the call ids
+    (WT-7): a replay reaches the same wait at the same position. Also remembers each call's tool metadata,
+    which the record lists and which may give it a deadline, and where it was asked.
     """
     manager = ctx.tool_manager
+    wait = active.run.next_position
     for call in _asked(requests):
         tool_def = manager.get_tool_def(call.tool_name) if manager is not None else None
         active.deferred_tools[call.tool_call_id] = tool_def.metadata if tool_def is not None else None
+        active.deferred_at[call.tool_call_id] = wait
     if not _top_level(active):
         return None
     kinds: list[tuple[ToolCallPart, CallKind]] = [
@@ -78,7 +82,7 @@ async def recorded_decisions(
     asked: list[tuple[str, str, str, CallKind]] = [
         (call.tool_call_id, call.tool_name, _digest(call), kind) for call, kind in kinds
     ]
-    decisions = decisions_for(active.run.state.record, active.run.key, asked)
+    decisions = decisions_for(active.run.state.record, active.run.key, wait, asked)
     if not decisions:
         return None
     log.info(
@@ -112,19 +116,14 @@ def note_run_end(active: ActiveRun, result: AgentRunResult[Any], *, wait_timeout
     """Note in the execution record what a finished run leaves waiting, and what it answered; `True` if it waits.
 
     Calls noted by earlier runs that this run gave a result to (an app that passes `DeferredToolResults`
-    itself) no longer wait. A run whose output is `DeferredToolRequests` leaves its calls waiting (WT-1).
+    itself) no longer wait. A run whose output is `DeferredToolRequests` leaves its calls waiting (WT-1), and
+    that output then lists only the calls that still wait: those decided already are taken out (WT-10).
     """
     if not _top_level(active):
         return False
     record = active.run.state.record
     if record.get('deferred'):
-        answered = {
-            part.tool_call_id
-            for message in result.all_messages()
-            for part in message.parts
-            if isinstance(part, (ToolReturnPart, RetryPromptPart))
-        }
-        note_answered(record, active.run.key, answered)
+        note_answered(record, active.run.key, _answered(result.all_messages()))
     output = result.output
     if not isinstance(output, DeferredToolRequests):
         return False
@@ -136,6 +135,7 @@ def note_run_end(active: ActiveRun, result: AgentRunResult[Any], *, wait_timeout
         _deferral(active, call, kind, output.metadata.get(call.tool_call_id), wait_timeout) for call, kind in kinds
     ]
     note_deferred(record, active.run.key, deferrals)
+    _leave_out_decided(active, output)
     log.info(
         'Execution %r run %s ends waiting on %d call(s): %s.',
         active.run.attempt.key,
@@ -144,6 +144,41 @@ def note_run_end(active: ActiveRun, result: AgentRunResult[Any], *, wait_timeout
         ', '.join(f'{d.call_id} ({d.tool_name}, {d.kind})' for d in deferrals),
     )
     return True
+
+
+def _answered(messages: list[ModelMessage]) -> set[tuple[str, str, str]]:
+    """The calls `(call id, tool name, digest)` these messages give a result to: each result answers the call
+    with its id that came last before it, so a reused id answers only its own call (WT-7)."""
+    asked: dict[str, tuple[str, str]] = {}
+    answered: set[tuple[str, str, str]] = set()
+    for message in messages:
+        for part in message.parts:
+            if isinstance(part, ToolCallPart):
+                asked[part.tool_call_id] = (part.tool_name, _digest(part))
+            elif isinstance(part, (ToolReturnPart, RetryPromptPart)) and part.tool_call_id in asked:
+                answered.add((part.tool_call_id, *asked[part.tool_call_id]))
+    return answered
+
+
+def _leave_out_decided(active: ActiveRun, output: DeferredToolRequests) -> None:
+    """Take the calls already decided out of the run's `DeferredToolRequests`: it lists only what waits (WT-10).
+
+    An attempt that starts while some calls of a wait are still pending replays to that wait and ends there
+    again; pydantic-ai lists every call of the wait, and an app that shows them would ask a person again.
+    """
+    waits = [(call.tool_call_id, _wait(active, call)) for call in _asked(output)]
+    decided = decided_at(active.run.state.record, active.run.key, waits)
+    if not decided:
+        return
+    output.approvals[:] = [call for call in output.approvals if call.tool_call_id not in decided]
+    output.calls[:] = [call for call in output.calls if call.tool_call_id not in decided]
+    for call_id in decided:
+        output.metadata.pop(call_id, None)
+
+
+def _wait(active: ActiveRun, call: ToolCallPart) -> int:
+    """Where the run waits on `call`: where pydantic-ai last asked for its decision, else the run's end."""
+    return active.deferred_at.get(call.tool_call_id, active.run.next_position)
 
 
 def _deferral(
@@ -156,6 +191,7 @@ def _deferral(
         kind=kind,
         arguments=active.mask(_jsonable(call.args_as_dict())),
         digest=_digest(call),
+        wait=_wait(active, call),
         metadata=active.mask(_jsonable(metadata)) if metadata else None,
         tool_metadata=active.mask(_jsonable(tool_metadata)) if tool_metadata else None,
         request=_request(call),

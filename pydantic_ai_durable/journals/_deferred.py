@@ -12,10 +12,25 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ('DEFERRED', 'CallDecision', 'CallKind', 'DeferredCall', 'decision_of', 'deferred_calls', 'pending_of')
+__all__ = (
+    'DEFERRED',
+    'CallDecision',
+    'CallKind',
+    'DeferredCall',
+    'decision_of',
+    'deferred_calls',
+    'deferred_slots',
+    'pending_of',
+)
 
 DEFERRED = 'deferred'
-"""The execution record's field that holds the calls its runs deferred, by tool call id (sealed under encryption)."""
+"""The execution record's field that holds the calls its runs deferred (sealed under encryption).
+
+Format note (WT-7): each call is stored under a slot name with its call id (`id`), its run (`run`) and the
+position of the wait in that run (`wait`); the slot is named by the call id alone unless another wait took
+that name first (a reused id), then `ID@RUN:WAIT`. Releases before WT-7 stored the call under its id with
+neither `id` nor `wait`: such a slot is read as that call id, and is taken by the first wait of its run that
+asks the same tool with the same arguments."""
 
 CallKind = Literal['approval', 'external']
 DecisionKind = Literal['approved', 'denied', 'result']
@@ -91,6 +106,16 @@ class DeferredCall:
     """The decision the call got before it deferred again for another kind of decision (an approved tool that
     then waits for an outside result). pydantic-ai asks for the second decision only in a new run, so such a
     call is answered by the app's own run with `DeferredToolResults`, not by `resolve`."""
+    wait: int | None = None
+    """The position in its run where the run waited on it (WT-7); `None` for a call recorded before that was kept."""
+
+    @property
+    def ref(self) -> str:
+        """The call named so that no other wait of the execution shares the name: `ID@RUN:WAIT` (WT-7).
+
+        `resolve` takes it where the call id alone is ambiguous: two calls pending with one id, in two runs.
+        """
+        return self.call_id if self.wait is None else f'{self.call_id}@{self.run}:{self.wait}'
 
     @property
     def pending(self) -> bool:
@@ -131,11 +156,16 @@ def deferred_calls(record: dict[str, Any] | None, *, pending_only: bool = False)
 
     `pending_only` skips the decided and answered ones before reading them (a listing reads thousands).
     """
+    return [call for _, call in deferred_slots(record, pending_only=pending_only)]
+
+
+def deferred_slots(record: dict[str, Any] | None, *, pending_only: bool = False) -> list[tuple[str, DeferredCall]]:
+    """`deferred_calls`, each with the name of the slot the record keeps it in: what a decision is written to."""
     stored = (record or {}).get(DEFERRED)
     if not isinstance(stored, dict):
         return []
-    calls: list[DeferredCall] = []
-    for call_id, item in stored.items():
+    calls: list[tuple[str, DeferredCall]] = []
+    for slot, item in stored.items():
         if not isinstance(item, dict) or item.get('kind') not in ('approval', 'external'):
             continue
         again = item.get('again') if item.get('again') in ('approval', 'external') else None
@@ -146,25 +176,30 @@ def deferred_calls(record: dict[str, Any] | None, *, pending_only: bool = False)
             continue
         answered = item.get('answered')
         decision = decision_of(item.get('decision'))
+        call_id, wait = item.get('id'), item.get('wait')
         calls.append(
-            DeferredCall(
-                call_id=call_id,
-                tool_name=tool,
-                kind=again or item['kind'],
-                arguments=item.get('args'),
-                run=run,
-                since=_number(item.get('again_since')) or since if again else since,
-                deadline=None if again else _number(item.get('deadline')),
-                metadata=_object(item.get('metadata')),
-                tool_metadata=_object(item.get('tool_metadata')),
-                request=_object(item.get('request')),
-                decision=None if again else decision,
-                answered_in=answered if isinstance(answered, str) else None,
-                earlier=decision if again else None,
+            (
+                slot,
+                DeferredCall(
+                    call_id=call_id if isinstance(call_id, str) else slot,
+                    tool_name=tool,
+                    kind=again or item['kind'],
+                    arguments=item.get('args'),
+                    run=run,
+                    since=_number(item.get('again_since')) or since if again else since,
+                    deadline=None if again else _number(item.get('deadline')),
+                    metadata=_object(item.get('metadata')),
+                    tool_metadata=_object(item.get('tool_metadata')),
+                    request=_object(item.get('request')),
+                    decision=None if again else decision,
+                    answered_in=answered if isinstance(answered, str) else None,
+                    earlier=decision if again else None,
+                    wait=wait if isinstance(wait, int) and not isinstance(wait, bool) else None,
+                ),
             )
         )
     if len(calls) > 1:
-        calls.sort(key=lambda call: (call.since, call.call_id))
+        calls.sort(key=lambda slot: (slot[1].since, slot[1].call_id))
     return calls
 
 
