@@ -89,9 +89,11 @@ def test_ui8_the_redirect_after_the_token_never_leaves_the_console(journal_path:
 def test_ui8_two_consoles_on_one_machine_keep_their_own_session_cookie(journal_path: Path) -> None:
     """A browser keeps cookies per host, not per port: each console's cookie must have a name of its own."""
     jar: dict[str, str] = {}  # the browser's cookies for 127.0.0.1
-    consoles = {port: _client(journal_path, f'http://127.0.0.1:{port}', token=TOKEN, port=port) for port in (8765, 8766)}
+    consoles = {
+        port: _client(journal_path, f'http://127.0.0.1:{port}', token=TOKEN, port=port) for port in (8765, 8766)
+    }
     try:
-        for port, client in consoles.items():
+        for client in consoles.values():
             login = client.get(f'/executions?token={TOKEN}', follow_redirects=False)
             assert login.status_code == 303
             jar.update(dict(login.cookies))

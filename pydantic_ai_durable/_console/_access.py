@@ -215,7 +215,9 @@ class Access:
 
     def _too_large(self, request: Request) -> Response:
         limit = self.settings.body_limit
-        return refusal(request.scope['path'], f'The request body is over the console\'s limit of {limit} bytes.', 413, close=True)
+        return refusal(
+            request.scope['path'], f"The request body is over the console's limit of {limit} bytes.", 413, close=True
+        )
 
     def _refusal(self, request: Request) -> Response | None:
         settings = self.settings
@@ -227,7 +229,7 @@ class Access:
         size = declared_size(request.headers)
         if size is None or size > settings.body_limit:
             too = 'is not a number' if size is None else f'is over the limit of {settings.body_limit} bytes'
-            return refusal(path, f'The request body\'s Content-Length {too}.', 400 if size is None else 413, close=True)
+            return refusal(path, f"The request body's Content-Length {too}.", 400 if size is None else 413, close=True)
         if settings.token is None:
             if (
                 _host_name(request.headers.get('host', '')) not in _LOOPBACK_NAMES
@@ -262,7 +264,8 @@ class Access:
         """
         if request.method in _SAFE_METHODS:
             return None
-        if request.headers.get('sec-fetch-site', 'same-origin') not in ('same-origin', 'none') or _foreign_origin(request):
+        fetched_from = request.headers.get('sec-fetch-site', 'same-origin')
+        if fetched_from not in ('same-origin', 'none') or _foreign_origin(request):
             return refusal(request.scope['path'], 'Cross-site requests are refused.', 403)
         return None
 

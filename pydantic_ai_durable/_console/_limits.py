@@ -137,10 +137,9 @@ def bounded_protocol(request_timeout: float, headers: list[tuple[bytes, bytes]])
                 self.deadline.cancel()
                 self.deadline = None
 
-        def eof_received(self) -> bool | None:
+        def eof_received(self) -> None:
             if self.lingering is not None and self.lingering.draining:
-                self.lingering.shut()
-            return None
+                self.lingering.shut()  # the client stopped sending: the lingering close is over
 
         def _expire(self) -> None:
             self.deadline = None
