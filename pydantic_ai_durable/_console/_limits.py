@@ -91,7 +91,7 @@ def bounded_protocol(request_timeout: float, headers: list[tuple[bytes, bytes]])
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self.lingering = _Lingering(transport, self._incomplete)
+            self.lingering = _Lingering(transport, self._incomplete, self._linger)
             self.transport = self.lingering
             self._arm()
 
@@ -128,6 +128,10 @@ def bounded_protocol(request_timeout: float, headers: list[tuple[bytes, bytes]])
             state = self.conn.their_state
             return state not in received and not (state is h11.IDLE and not self.conn.trailing_data[0])
 
+        def _linger(self) -> None:
+            if self.deadline is None:  # a lingering close ends by the deadline at the latest
+                self._arm()
+
         def _arm(self) -> None:
             self._disarm()
             self.deadline = self.loop.call_later(request_timeout, self._expire)
@@ -152,10 +156,11 @@ def bounded_protocol(request_timeout: float, headers: list[tuple[bytes, bytes]])
 class _Lingering(asyncio.Transport):
     """uvicorn's transport, whose `close` while the client still sends a body only stops writing (a lingering close)."""
 
-    def __init__(self, transport: asyncio.Transport, sending: Callable[[], bool]) -> None:
+    def __init__(self, transport: asyncio.Transport, sending: Callable[[], bool], lingers: Callable[[], None]) -> None:
         super().__init__()
         self.inner = transport
         self.sending = sending
+        self.lingers = lingers
         self.draining = False
 
     def close(self) -> None:
@@ -164,6 +169,7 @@ class _Lingering(asyncio.Transport):
             self.draining = True
             inner.write_eof()  # the answer ends here; the rest of the body is read and dropped
             inner.resume_reading()
+            self.lingers()
             return
         inner.close()
 

@@ -84,4 +84,5 @@ def serve(journal: Journal, settings: ConsoleSettings) -> None:
         access_log=False,
         http=bounded_protocol(settings.request_timeout, [(k.encode(), v.encode()) for k, v in HEADERS.items()]),
         timeout_keep_alive=settings.idle_timeout,
+        ws='none',  # no route of the console is a websocket
     )
