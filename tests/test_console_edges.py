@@ -67,7 +67,7 @@ def _secured(headers: Any, where: str) -> None:
     assert headers.get('x-frame-options') == 'DENY', where
     assert headers.get('x-content-type-options') == 'nosniff', where
     assert headers.get('cache-control') == 'no-store', where
-    assert headers.get('referrer-policy') == 'no-referrer', where
+    assert headers.get('referrer-policy') == 'same-origin', where  # the pages' forms send their Origin
 
 
 # -- logging in (UI-8) ---------------------------------------------------------------------------------------------

@@ -52,10 +52,14 @@ HEADERS = {
     ),
     'x-content-type-options': 'nosniff',
     'x-frame-options': 'DENY',
-    'referrer-policy': 'no-referrer',
+    'referrer-policy': 'same-origin',
     'cache-control': 'no-store',
 }
-"""Sent with every answer (UI-10): no inline script or style runs, no other site frames the console."""
+"""Sent with every answer (UI-10): no inline script or style runs, no other site frames the console.
+
+The referrer goes to the console itself only: under `no-referrer` a browser sends `Origin: null` with the
+pages' own forms, which the `Origin` check (UI-4) could not tell from a sandboxed page of another site.
+"""
 
 
 @dataclass(frozen=True)
