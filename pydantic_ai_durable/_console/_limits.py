@@ -141,6 +141,13 @@ def bounded_protocol(request_timeout: float, headers: list[tuple[bytes, bytes]])
                 self.deadline.cancel()
                 self.deadline = None
 
+        def shutdown(self) -> None:
+            if self.lingering is not None:  # the server stops: every connection closes at once
+                self.lingering.final = True
+                if self.lingering.draining:
+                    self.lingering.shut()
+            super().shutdown()
+
         def eof_received(self) -> None:
             if self.lingering is not None and self.lingering.draining:
                 self.lingering.shut()  # the client stopped sending: the lingering close is over
@@ -162,10 +169,12 @@ class _Lingering(asyncio.Transport):
         self.sending = sending
         self.lingers = lingers
         self.draining = False
+        self.final = False
+        """Set when the server stops: a close is no longer lingering."""
 
     def close(self) -> None:
         inner = self.inner
-        if not self.draining and not inner.is_closing() and self.sending() and inner.can_write_eof():
+        if not (self.final or self.draining or inner.is_closing()) and self.sending() and inner.can_write_eof():
             self.draining = True
             inner.write_eof()  # the answer ends here; the rest of the body is read and dropped
             inner.resume_reading()
@@ -181,7 +190,8 @@ class _Lingering(asyncio.Transport):
         return self.draining or self.inner.is_closing()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.inner.write(data)
+        if not self.draining:  # after the lingering close began, nothing more is said
+            self.inner.write(data)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.inner.get_extra_info(name, default)
