@@ -82,7 +82,15 @@ def console_server(
     """`pydantic-ai-durable --journal JOURNAL [EXTRA] serve [SERVING]` in a process of its own; yields its base URL."""
     port = free_port()
     command = [sys.executable, '-m', 'pydantic_ai_durable', '--journal', journal, *extra, 'serve', *serving]
-    command += ['--port', str(port)]
+    with serving_process([*command, '--port', str(port)], port, env=env):
+        yield f'http://127.0.0.1:{port}'
+
+
+@contextmanager
+def serving_process(
+    command: list[str], port: int, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """`command`, a console that listens on 127.0.0.1:`port`, once it answers; terminated afterwards."""
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, text=True
     )
@@ -98,7 +106,7 @@ def console_server(
                     output = process.stdout.read() if process.stdout else ''
                     raise AssertionError(f'the console did not start: {output}') from None
                 time.sleep(0.1)
-        yield base
+        yield process
     finally:
         process.terminate()
         try:

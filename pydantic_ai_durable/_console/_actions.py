@@ -21,6 +21,7 @@ from .._errors import DispatchFailed, DurableError, EncryptionMismatch, JournalU
 from ..journals import CallDecision, Journal, delete_under_lease
 
 __all__ = (
+    'JSON_DEPTH',
     'VERBS',
     'Refused',
     'api_decisions',
@@ -108,9 +109,28 @@ def _finite(name: str) -> Any:
     raise ValueError(f'{name} is not a JSON number')
 
 
+JSON_DEPTH = 100
+"""How deep the JSON a request carries may nest (UI-10): deeper, it is refused before anything reads it."""
+
+
 def parse_json(text: str | bytes) -> Any:
-    """JSON as the journal stores it: NaN and infinities refused, as a write would refuse them."""
-    return json.loads(text, parse_constant=_finite)
+    """JSON as the journal stores it: NaN and infinities refused, as a write would refuse them.
+
+    JSON nested deeper than `JSON_DEPTH` raises `ValueError` too: Python's parser raises `RecursionError` on a
+    few thousand brackets, and a value only a little less deep breaks whatever recurses over it next.
+    """
+    try:
+        value = json.loads(text, parse_constant=_finite)
+    except RecursionError:
+        raise ValueError(f'it is nested deeper than {JSON_DEPTH} levels') from None
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list)):
+            if depth > JSON_DEPTH:
+                raise ValueError(f'it is nested deeper than {JSON_DEPTH} levels')
+            pending.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return value
 
 
 def _result(text: str, call_id: str) -> Any:

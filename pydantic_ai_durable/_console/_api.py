@@ -128,7 +128,10 @@ def api_routes(console: Console) -> list[Route]:
 
     async def act(request: Request) -> Response:
         action = request.path_params['action']
-        form = await console.form(request)
+        try:
+            form = await console.form(request)
+        except Refused as refused:
+            return _error(str(refused), refused.status)
         if action not in ACTIONS:
             return _error('no such action', 404)
         if console.settings.read_only:

@@ -21,6 +21,7 @@ from starlette.responses import HTMLResponse, JSONResponse
 
 from ..journals import Journal
 from ._access import ConsoleSettings, csrf_token, query_of
+from ._actions import Refused, parse_json
 from ._views import utc
 from ._waiting import answer_template, questions
 
@@ -135,12 +136,18 @@ class Console:
 
     @staticmethod
     async def form(request: Request) -> dict[str, str]:
-        """A URL-encoded form (the pages' forms) or a JSON object (the API's actions), as strings."""
+        """A URL-encoded form (the pages' forms) or a JSON object (the API's actions), as strings.
+
+        A body that is neither (JSON nested too deep, a form that is not UTF-8) is refused with 400 (UI-10).
+        """
         body = await request.body()
         if request.headers.get('content-type', '').startswith('application/json'):
             try:
-                value = json.loads(body)
-            except ValueError:
-                return {}
+                value = parse_json(body)
+            except ValueError as exc:
+                raise Refused(f'The body is not JSON: {exc}.', 400) from None
             return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
-        return query_of(body)
+        try:
+            return query_of(body)
+        except ValueError:
+            raise Refused('The form is not UTF-8: percent-encode every value as UTF-8.', 400) from None

@@ -150,7 +150,10 @@ def page_routes(console: Console) -> list[Route]:
 
     async def decide(request: Request) -> Response:
         """A decision from a form: the CLI's approve / deny / complete, through the same core function."""
-        form = await console.form(request)
+        try:
+            form = await console.form(request)
+        except Refused as refused:
+            return console.message(request, 'Refused', str(refused), refused.status)
         if console.settings.read_only:
             return console.message(request, 'Read-only', 'This console was started with --read-only.', 403)
         if not csrf_ok(console.settings, request, form):
@@ -191,7 +194,10 @@ def page_routes(console: Console) -> list[Route]:
 
     async def act(request: Request) -> Response:
         action = request.path_params['action']
-        form = await console.form(request)
+        try:
+            form = await console.form(request)
+        except Refused as refused:
+            return console.message(request, 'Refused', str(refused), refused.status)
         if console.settings.read_only:
             return console.message(request, 'Read-only', 'This console was started with --read-only.', 403)
         if action not in ACTIONS:

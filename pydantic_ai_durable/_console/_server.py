@@ -1,7 +1,9 @@
 """The console as a running server: the application over one journal, served by uvicorn (UI-1).
 
-`build_app` puts the pages, the JSON API and the static files behind `Access`; `serve` refuses a bind others
-can reach without a token before anything listens, then runs uvicorn until interrupted and closes the journal.
+`build_app` puts the pages, the JSON API and the static files behind `Access`, and everything, Starlette's
+answer to an unexpected error included, inside `Secured` (UI-10). `serve` refuses a bind others can reach
+without a token before anything listens, then runs uvicorn until interrupted, with a deadline for each
+request and for idle connections (UI-9), and closes the journal.
 """
 
 from __future__ import annotations
@@ -13,16 +15,32 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
 from ..journals import Journal
-from ._access import Access, ConsoleSettings, check_bind
+from ._access import HEADERS, Access, ConsoleSettings, Secured, check_bind, refusal
 from ._api import api_routes
 from ._app import Console
+from ._limits import bounded_protocol
 from ._pages import page_routes
 
 __all__ = ('build_app', 'serve')
+
+
+class _Console(Starlette):
+    """Starlette, with `Secured` outside its handler of unexpected errors, so a 500 carries the headers too."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return Secured(super().build_middleware_stack())
+
+
+async def _failed(request: Request, exc: Exception) -> Response:
+    """A bug's answer: no detail for the client (uvicorn logs the traceback), JSON under `/api/` (UI-10)."""
+    return refusal(request.scope['path'], 'internal error: see the console log', 500)
 
 
 def build_app(journal: Journal, settings: ConsoleSettings) -> Starlette:
@@ -38,7 +56,12 @@ def build_app(journal: Journal, settings: ConsoleSettings) -> Starlette:
 
     static = Console.static_directory()
     routes = [*page_routes(console), *api_routes(console), Mount('/static', StaticFiles(directory=static))]
-    return Starlette(routes=routes, middleware=[Middleware(Access, settings=settings)], lifespan=lifespan)
+    return _Console(
+        routes=routes,
+        middleware=[Middleware(Access, settings=settings)],
+        exception_handlers={Exception: _failed},
+        lifespan=lifespan,
+    )
 
 
 def serve(journal: Journal, settings: ConsoleSettings) -> None:
@@ -53,4 +76,13 @@ def serve(journal: Journal, settings: ConsoleSettings) -> None:
     mode = ', read-only' if settings.read_only else ''
     print(f'console of {settings.label or "the journal"} at http://{where}:{settings.port}/ ({access}{mode})')
     sys.stdout.flush()
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level='warning', access_log=False)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level='warning',
+        access_log=False,
+        http=bounded_protocol(settings.request_timeout, [(k.encode(), v.encode()) for k, v in HEADERS.items()]),
+        timeout_keep_alive=settings.idle_timeout,
+        ws='none',  # no route of the console is a websocket
+    )
