@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import TypeAdapter
+from pydantic import ConfigDict, TypeAdapter
 from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.tools import ToolApproved, ToolDenied
 
@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = ('ask_user_request', 'resolve')
 
-_ANY: TypeAdapter[Any] = TypeAdapter(Any)
+_ANY: TypeAdapter[Any] = TypeAdapter(Any, config=ConfigDict(ser_json_inf_nan='constants'))
+"""Values as JSON data, but NaN and infinities kept as they are (pydantic writes `null` for them by default), so
+the journal core refuses them, saying where, instead of recording a `null` nobody gave (WT-2)."""
 
 
 async def resolve(

@@ -11,6 +11,7 @@ in the API's answer; nothing here bypasses a lease.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -108,9 +109,16 @@ def _finite(name: str) -> Any:
     raise ValueError(f'{name} is not a JSON number')
 
 
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f'{text[:40]} is beyond the range of a float')
+    return value
+
+
 def parse_json(text: str | bytes) -> Any:
-    """JSON as the journal stores it: NaN and infinities refused, as a write would refuse them."""
-    return json.loads(text, parse_constant=_finite)
+    """JSON as the journal stores it: NaN and infinities refused, and a number too large to be anything else."""
+    return json.loads(text, parse_constant=_finite, parse_float=_float)
 
 
 def _result(text: str, call_id: str) -> Any:

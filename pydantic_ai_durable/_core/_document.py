@@ -110,18 +110,24 @@ def step_name(key: object) -> str:
     return f'.{key}' if isinstance(key, str) and _NAME.fullmatch(key) else f'[{shown(key)}]'
 
 
-def check_tree(value: object, where: str, depth: int, duplicates: Duplicates | None = None) -> None:
+def check_tree(
+    value: object,
+    where: str,
+    depth: int,
+    duplicates: Duplicates | None = None,
+    error: Callable[[str], Exception] = ExportInvalid,
+) -> None:
     """Refuse a float JSON cannot hold, a field given twice, or nesting deeper than `depth`, naming the field.
 
-    It walks with one iterator per level, never one item per node, and skips in one C-level pass the lists
+    The refusal is `error(message)`: an `ExportInvalid` for a document, another error for a decision. It walks with one iterator per level, never one item per node, and skips in one C-level pass the lists
     and objects that hold only strings, integers, booleans and nulls, so a payload of millions of numbers
     costs neither memory nor much time.
     """
     twice = duplicates or {}
 
-    def refuse(path: list[object], reason: str) -> ExportInvalid:
+    def refuse(path: list[object], reason: str) -> Exception:
         steps = ''.join(step_name(key) for key in path)
-        return ExportInvalid(f'{where}{steps if len(steps) <= 160 else steps[:157] + "..."}: {reason}')
+        return error(f'{where}{steps if len(steps) <= 160 else steps[:157] + "..."}: {reason}')
 
     def leaf(node: object, path: list[object]) -> None:
         if isinstance(node, float) and not math.isfinite(node):
@@ -138,7 +144,7 @@ def check_tree(value: object, where: str, depth: int, duplicates: Duplicates | N
         if id(node) in twice and twice[id(node)][0] is node:
             raise refuse([*path, twice[id(node)][1]], 'given twice in one object; a document has one meaning')
         if len(stack) + bool(node) >= depth:  # its items would lie deeper than `depth`
-            raise ExportInvalid(f'{where} nests deeper than {depth} levels')
+            raise error(f'{where} nests deeper than {depth} levels')
         items = node.values() if isinstance(node, dict) else node
         if set(map(type, items)) <= _PLAIN:
             return  # nothing below to look at

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from ..journals import (
     metadata_of,
     state_of,
 )
+from ._document import check_tree
 from ._records import ENTRY_VERSION
 
 __all__ = (
@@ -161,6 +163,8 @@ async def resolve_calls(
     """
     if not decisions:
         raise ValueError('resolve() needs at least one decision: approvals={call_id: ...} or results={call_id: ...}.')
+    for call_id, decision in decisions.items():
+        _check_json(key, call_id, decision)
     dispatcher = _dispatcher(key) if dispatch else None
     resolution = await _resolve(journal, key, decisions, wait)
     if dispatcher is None or not resolution.completed:
@@ -171,6 +175,25 @@ async def resolve_calls(
         raise DispatchFailed(key, f'{type(exc).__name__}: {exc}') from exc
     log.info('Execution %r: its last pending call was decided; it was sent on to a worker.', key)
     return replace(resolution, dispatched=True)
+
+
+_NO_DEPTH_LIMIT = sys.maxsize
+"""A decision's value is as deep as the app makes it; only what JSON cannot hold is refused here."""
+
+
+def _check_json(key: str, call_id: str, decision: CallDecision) -> None:
+    """Refuse a result or arguments holding NaN or an infinity, before anything is written (WT-2).
+
+    JSON has no such numbers: stored, one is printed as `NaN` by `show --json` (no JSON reader takes it), written
+    into an export no import takes, or turned into `null` by the reader on the way; so it is refused, saying where.
+    """
+    for what, value in (('result', decision.value), ('arguments', decision.override_args)):
+        check_tree(
+            value,
+            f'the {what} of call {call_id!r}',
+            _NO_DEPTH_LIMIT,
+            error=lambda reason: ResolutionRefused(key, call_id, reason),
+        )
 
 
 def _dispatcher(key: str) -> Dispatcher:
