@@ -119,9 +119,10 @@ def check_tree(
 ) -> None:
     """Refuse a float JSON cannot hold, a field given twice, or nesting deeper than `depth`, naming the field.
 
-    The refusal is `error(message)`: an `ExportInvalid` for a document, another error for a decision. It walks with one iterator per level, never one item per node, and skips in one C-level pass the lists
-    and objects that hold only strings, integers, booleans and nulls, so a payload of millions of numbers
-    costs neither memory nor much time.
+    The refusal is `error(message)`: an `ExportInvalid` for a document, another error for a decision. It walks
+    with one iterator per level, never one item per node, and skips in one C-level pass the lists and objects
+    that hold only strings, integers, booleans and nulls, so a payload of millions of numbers costs neither
+    memory nor much time.
     """
     twice = duplicates or {}
 
