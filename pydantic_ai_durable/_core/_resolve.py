@@ -15,7 +15,6 @@ through this process's dispatcher: the fleet core installs its `redispatch` when
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import sys
 import time
@@ -38,6 +37,7 @@ from ..journals import (
 )
 from ._document import check_tree
 from ._records import ENTRY_VERSION
+from ._times import beyond_calendar, utc_moment, utc_text
 
 __all__ = (
     'Dispatcher',
@@ -301,14 +301,9 @@ def describe(decision: CallDecision) -> str:
     what = {'approved': 'approved', 'denied': 'denied', 'result': 'completed with a result'}[decision.kind]
     if decision.via == 'deadline':
         what = 'denied by its deadline'
-    when = datetime.datetime.fromtimestamp(decision.at, tz=datetime.UTC).isoformat(timespec='seconds')
+    moment = utc_moment(decision.at)
+    when = moment.isoformat(timespec='seconds') if moment is not None else beyond_calendar(decision.at)
     return f'{what}{f" by {decision.by}" if decision.by else ""} at {when}'
-
-
-def _utc(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    return datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC).isoformat(timespec='milliseconds')[:-6] + 'Z'
 
 
 def call_json(call: DeferredCall) -> dict[str, Any]:
@@ -323,13 +318,13 @@ def call_json(call: DeferredCall) -> dict[str, Any]:
         'metadata': call.metadata,
         'tool_metadata': call.tool_metadata,
         'request': call.request,
-        'since': _utc(call.since),
-        'deadline': _utc(call.deadline),
+        'since': utc_text(call.since),
+        'deadline': utc_text(call.deadline),
         'pending': call.pending,
         'answered_in': call.answered_in,
         'decision': None
         if decision is None
-        else {**decision.as_record(), 'at': _utc(decision.at), 'at_epoch': decision.at},
+        else {**decision.as_record(), 'at': utc_text(decision.at), 'at_epoch': decision.at},
     }
 
 
