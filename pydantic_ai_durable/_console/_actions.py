@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from .._answers import answered
 from .._core import Resolution, export_execution, fork_execution, resolve_calls
 from .._errors import DispatchFailed, DurableError, EncryptionMismatch, JournalUnavailable, ResolutionRefused
 from ..journals import CallDecision, Journal, delete_under_lease
@@ -198,6 +199,7 @@ async def resolve(
     through the fleet the module loaded, as `approve --dispatch` does.
     """
     try:
+        decisions = await answered(journal, key, decisions)  # an AskUser answer fits its question, as resolve() checks
         return await resolve_calls(journal, key, decisions, dispatch=dispatch)
     except ResolutionRefused as exc:
         status = 404 if exc.call_id is None and await journal.read_execution(key) is None else 409
