@@ -22,6 +22,7 @@ __all__ = ('answered', 'ask_user_request', 'is_ask_user_response')
 
 
 def is_ask_user_response(value: object) -> bool:
+    """Whether `value` is a person's `AskUserResponse` (never, without pydantic-ai-harness installed)."""
     try:
         from pydantic_ai_harness.ask_user import AskUserResponse
     except ImportError:
@@ -35,9 +36,9 @@ async def answered(journal: Journal, key: str, decisions: Mapping[str, CallDecis
     The one check of an answer, whoever gives it: `resolve()`, the CLI's `complete` and the console. An answer
     is the person's `AskUserResponse` (or its JSON), or what the tool itself returns (each header with the
     labels picked, `{"Seat": ["Aisle"]}`, or `DECLINED`; a custom answer only as a response, since a mistyped
-    label would read as one); it is checked with the harness's `ask_user_result`
-    and recorded as what it returns. One that does not fit its question is a `ResolutionRefused`, and nothing
-    is written. Results for other calls pass unchanged; an unknown call is left for `resolve_calls` to refuse.
+    label would read as one). It is checked with the harness's `ask_user_result` and recorded as what that
+    returns; one that does not fit its question is a `ResolutionRefused`, and nothing is written. Results for
+    other calls pass unchanged; an unknown call is left for `resolve_calls` to refuse.
     """
     checked = dict(decisions)
     if not any(decision.kind == 'result' for decision in decisions.values()):
