@@ -4,28 +4,29 @@ A web handler or a script has the journal and the execution key, nothing else: n
 history. It passes the decisions as pydantic-ai's `DeferredToolResults` would hold them (`True`, `False`,
 `ToolApproved`, `ToolDenied`, an outside result, or the `AskUserResponse` a person gave); this module turns
 them into the plain records the journal core writes (`_core/_resolve.py`), so the core stays free of
-pydantic-ai and the CLI decides calls the same way without importing it.
+pydantic-ai and the CLI decides calls the same way without importing it. An answer to an `AskUser` question
+is checked in `_answers`, which the CLI and the console call too.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import ConfigDict, TypeAdapter
 from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.tools import ToolApproved, ToolDenied
 
-from ._core import Resolution, pending_calls, resolve_calls
-from .journals import CallDecision, DeferredCall, Journal
-
-if TYPE_CHECKING:
-    from pydantic_ai_harness.ask_user import AskUserRequest
+from ._answers import answered, ask_user_request, is_ask_user_response
+from ._core import Resolution, resolve_calls
+from .journals import CallDecision, Journal
 
 __all__ = ('ask_user_request', 'resolve')
 
-_ANY: TypeAdapter[Any] = TypeAdapter(Any)
+_ANY: TypeAdapter[Any] = TypeAdapter(Any, config=ConfigDict(ser_json_inf_nan='constants'))
+"""Values as JSON data, but NaN and infinities kept as they are (pydantic writes `null` for them by default), so
+the journal core refuses them, saying where, instead of recording a `null` nobody gave (WT-2)."""
 
 
 async def resolve(
@@ -64,22 +65,14 @@ async def resolve(
     decisions: dict[str, CallDecision] = {}
     for call_id, approval in (approvals or {}).items():
         decisions[call_id] = _approval(call_id, approval, now, by)
-    asked_users: list[str] = []
     for call_id, value in (results or {}).items():
         if call_id in decisions:
             raise ValueError(f'Call {call_id!r} is given both an approval and a result; give it one decision.')
-        if _is_ask_user_response(value):
-            asked_users.append(call_id)
+        if is_ask_user_response(value):  # kept as it is: only a question of AskUser takes it (`answered`)
+            decisions[call_id] = CallDecision('result', now, by, value=value)
             continue
         decisions[call_id] = _result(call_id, value, now, by)
-    if asked_users:
-        calls: dict[str, DeferredCall] = {}
-        for call in await pending_calls(journal, key, decided=True):  # oldest first: a pending call wins (WT-7)
-            for name in (call.call_id, call.ref):
-                if call.pending or name not in calls or not calls[name].pending:
-                    calls[name] = call
-        for call_id in asked_users:
-            decisions[call_id] = _answer(key, calls.get(call_id), call_id, (results or {})[call_id], now, by)
+    decisions = await answered(journal, key, decisions)
     return await resolve_calls(journal, key, decisions, wait=wait, dispatch=dispatch)
 
 
@@ -110,35 +103,3 @@ def _result(call_id: str, value: object, now: float, by: str | None) -> CallDeci
             f'{type(value).__name__} is not ({exc}).'
         ) from None
     return CallDecision('result', now, by, value=stored)
-
-
-def _is_ask_user_response(value: object) -> bool:
-    try:
-        from pydantic_ai_harness.ask_user import AskUserResponse
-    except ImportError:
-        return False
-    return isinstance(value, AskUserResponse)
-
-
-def _answer(
-    key: str, call: DeferredCall | None, call_id: str, response: Any, now: float, by: str | None
-) -> CallDecision:
-    """A person's `AskUserResponse`, checked against the question it answers and rendered as the tool's result."""
-    from pydantic_ai_harness.ask_user import ask_user_result
-
-    if call is None:
-        raise ValueError(f'Execution {key!r} has no deferred call {call_id!r} for this answer.')
-    request = ask_user_request(call)
-    return CallDecision('result', now, by, value=_ANY.dump_python(ask_user_result(request, response), mode='json'))
-
-
-def ask_user_request(call: DeferredCall) -> AskUserRequest:
-    """The validated `AskUserRequest` behind a waiting `ask_user_question` call: the questions to put to the person.
-
-    Raises `ValueError` for a call of another tool.
-    """
-    from pydantic_ai_harness.ask_user import AskUserRequest
-
-    if call.request is None:
-        raise ValueError(f'Call {call.call_id!r} ({call.tool_name}) is not a question of AskUser.')
-    return TypeAdapter(AskUserRequest).validate_python(call.request)

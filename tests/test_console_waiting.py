@@ -171,6 +171,24 @@ def test_ui7_the_api_refuses_what_resolve_refuses_with_a_4xx_and_the_reason(
     assert all(call.pending for call in _calls(journal_path).values())  # nothing was written
 
 
+def test_wt2_ui7_the_api_and_the_form_refuse_a_result_beyond_the_range_of_a_float(
+    client: TestClient, journal_path: Path
+) -> None:
+    csrf = client.get('/api/session').json()['csrf']
+    for raw in (
+        b'{"key": "order-7", "results": {"c4": 1e999}}',
+        b'{"key": "order-7", "results": {"c4": {"eta": -1e400}}}',
+    ):
+        answer = client.post(
+            '/api/execution/resolve', content=raw, headers={'X-CSRF-Token': csrf, 'Content-Type': 'application/json'}
+        )
+        assert answer.status_code == 400 and 'beyond the range of a float' in answer.json()['error'], answer.json()
+    form = {'key': KEY, 'call': 'c4', 'decision': 'complete', 'result': '{"eta": 1e999}', 'csrf': csrf}
+    answer = client.post('/execution/resolve', data=form)
+    assert answer.status_code == 400 and 'beyond the range of a float' in answer.text
+    assert all(call.pending for call in _calls(journal_path).values())  # neither stored, as infinity nor as null
+
+
 def test_ui7_the_api_decides_idempotently_records_who_and_the_run_goes_on(
     client: TestClient, journal_path: Path, tmp_path: Path
 ) -> None:

@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ('entry points', frozenset({'__init__', '__main__', '_cli', '_console', 'testing'})),
     ('the capability', frozenset({'_capability'})),
     ('the steps', frozenset({'_steps'})),
-    ('the active run and the execution scope', frozenset({'_active_run', '_execution', '_decisions'})),
+    ('the active run and the execution scope', frozenset({'_active_run', '_execution', '_decisions', '_answers'})),
     (
         'the pydantic-ai side of a run',
         frozenset({'_usage', '_fingerprint', '_tracing', '_masking', '_compat', '_messages'}),

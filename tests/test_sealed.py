@@ -346,6 +346,17 @@ async def test_en5_show_without_keys_calls_a_sealed_step_sealed_with_its_key_id(
     assert re.fullmatch(r'[0-9a-f]{64}', step['fingerprint']) and step['readable'] is True and step['sealed'] is None
 
 
+async def test_en5_show_without_keys_calls_a_runs_sealed_spend_sealed_and_warns_of_nothing(store: Store) -> None:
+    if store.cli is None:
+        pytest.skip('the CLI opens journals other processes can reach')
+    await _sealed_run(store, Shop())
+    shown = _cli(store, 'show', 'order-1')
+    assert shown.returncode == 0 and shown.stderr == '', shown.stderr  # no "unknown shape" warning
+    assert '  live spend (all attempts): sealed (key id a)' in shown.stdout.splitlines(), shown.stdout
+    opened = _cli(store, 'show', 'order-1', keys=_keys_env(('a', KEY_A)))
+    assert opened.stderr == '' and re.search(r'live spend \(all attempts\): \d+ requests?,', opened.stdout), opened
+
+
 # -- B-6 and EN-2: one damaged execution is reported, the others listed and rewritten -------------------------
 
 

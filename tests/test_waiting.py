@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from pydantic_ai import DeferredToolRequests, DeferredToolResults
 from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.tools import ToolApproved, ToolDenied
@@ -237,6 +238,30 @@ async def test_wt2_resolve_is_idempotent_and_refuses_what_it_cannot_record(
     await run(new_journal(), log, 'three')
     with pytest.raises(ResolutionRefused, match='it is finished'):
         await resolve(journal, KEY, approvals={'c2': True})
+
+
+async def test_wt2_nan_and_infinity_are_refused_in_a_result_or_arguments_saying_where(
+    new_journal: Callable[[], Journal], tmp_path: Path
+) -> None:
+    class Reading(BaseModel):
+        level: float
+
+    await run(new_journal(), tmp_path / 'log', 'three')
+    journal = new_journal()
+    refusals = [
+        ({'results': {'c4': float('nan')}}, "the result of call 'c4': NaN is not a JSON number"),
+        ({'results': {'c4': {'eta': [1, float('inf')]}}}, r"the result of call 'c4'\.eta\[1\]: Infinity is not"),
+        ({'results': {'c4': Reading(level=float('-inf'))}}, r"the result of call 'c4'\.level: -Infinity is not"),
+        (
+            {'approvals': {'c2': ToolApproved(override_args={'amount': float('nan')})}},
+            r"the arguments of call 'c2'\.amount: NaN is not",
+        ),
+    ]
+    for decision, message in refusals:
+        with pytest.raises(ResolutionRefused, match=message):
+            await resolve(journal, KEY, **decision)
+    calls = await pending_calls(journal, KEY, decided=True)
+    assert [(call.call_id, call.decision) for call in calls] == [('c2', None), ('c3', None), ('c4', None)]
 
 
 async def test_wt2_two_resolvers_racing_on_one_call_one_wins_and_the_outcome_follows_it(

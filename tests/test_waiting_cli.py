@@ -108,6 +108,24 @@ async def test_wt2_the_cli_decides_calls_from_another_process(
     assert output == expected and lines(log) == plain_log
 
 
+async def test_wt2_complete_refuses_nan_and_infinity_and_show_json_stays_json(
+    place: tuple[list[str], type[Journal], dict[str, str]], tmp_path: Path
+) -> None:
+    options, kind, where = place
+    await _attempt(_open(kind, where), tmp_path / 'log')
+    for given, name in (('NaN', 'NaN'), ('-Infinity', '-Infinity'), ('{"eta": [1e999]}', "'c4'.eta[0]: Infinity")):
+        done = cli(*options, 'complete', KEY, 'c4', f'--result={given}')
+        assert done.returncode == 1 and 'Traceback' not in done.stderr and len(done.stderr.splitlines()) == 1, done
+        assert f'{name} is not a JSON number' in done.stderr and 'Nothing was recorded' in done.stderr, done.stderr
+    shown = cli(*options, 'show', KEY, '--json')
+
+    def strict(constant: str) -> None:
+        raise AssertionError(f'show --json printed {constant}, which is not JSON')
+
+    calls = json.loads(shown.stdout, parse_constant=strict)['calls']
+    assert [(call['call_id'], call['pending']) for call in calls] == [('c2', True), ('c3', True), ('c4', True)]
+
+
 async def test_wt2_an_encrypted_journal_is_decided_only_with_its_keys(tmp_path: Path) -> None:
     key = bytes(range(32))
     keys = Encryption({'k1': key})

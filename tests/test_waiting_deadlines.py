@@ -8,7 +8,10 @@ same denial.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import pytest
 from pydantic_ai import DeferredToolRequests, DeferredToolResults
 from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.tools import ToolDenied
+from stores import Store, disk_store
 from waiting_agent import KEY, attempt, lines, plain_two_runs
 
 from pydantic_ai_durable import Durable, Journal, MemoryJournal, deny_overdue, pending_calls, resolve, sweep_interrupted
@@ -102,3 +106,65 @@ async def test_wt5_wt4_the_sweep_denies_overdue_calls_first_and_sends_the_execut
     assert call.decision is not None and call.decision.via == 'deadline'
     output = await attempt(new_journal(), log, wait_timeout=0.01)
     assert 'timed out and was denied' in output
+
+
+async def test_wt5_a_deadline_further_than_a_hundred_years_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for far in (1e12, 100 * 365 * 86400 + 1):
+        with pytest.raises(ValueError, match=r'Durable\(wait_timeout=...\) is .* \(a hundred years\)'):
+            Durable(wait_timeout=far)
+    assert Durable(wait_timeout=100 * 365 * 86400) is not None  # a hundred years is still a deadline
+    memory = MemoryJournal()
+    with caplog.at_level(logging.WARNING, logger='pydantic_ai_durable'):
+        await attempt(memory, tmp_path / 'log', refund_timeout=1e12, wait_timeout=30)
+    (call,) = await pending_calls(memory, KEY)
+    assert call.deadline == pytest.approx(call.since + 30)  # the capability's default applies, as for any wrong one
+    assert 'wait_timeout in the metadata of the tool is 1e+12 seconds' in caplog.text
+
+
+FAR = 1e13
+"""Epoch seconds in the year 318857: past the calendar `datetime` knows."""
+
+
+def _cli(store: Store, *args: str) -> subprocess.CompletedProcess[str]:
+    assert store.cli is not None
+    command = [sys.executable, '-m', 'pydantic_ai_durable', *store.cli, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_wt5_a_stored_deadline_beyond_the_calendar_is_shown_by_show_list_and_the_console(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from pydantic_ai_durable._console import ConsoleSettings, build_app
+
+    store = disk_store(tmp_path)
+
+    async def plant() -> None:
+        journal = store.make(None)
+        await attempt(journal, tmp_path / 'log', 'three', wait_timeout=3600)
+        record = await journal.read_execution(KEY)
+        await journal.close()
+        assert record is not None
+        record['deferred']['c2']['deadline'] = FAR  # as someone who can write the store, or an older release, left it
+        record['deferred']['c3']['decision'] = {'kind': 'approved', 'at': FAR, 'by': 'mallory', 'via': 'resolve'}
+        store.put_raw(('execution', KEY), json.dumps(record))
+
+    asyncio.run(plant())
+    shown = _cli(store, 'show', KEY)
+    assert shown.returncode == 0 and shown.stderr == '', shown.stderr
+    assert shown.stdout.count('1e+13 epoch seconds (beyond the calendar)') == 2, shown.stdout  # c2's deadline, c3's
+    for args in (['list', '--json'], ['list', '--state', 'waiting', '--json'], ['show', KEY, '--json']):
+        listed = _cli(store, *args)
+        assert listed.returncode == 0 and listed.stderr == '', (args, listed.stderr)
+        assert '"1e+13 epoch seconds (beyond the calendar)"' in listed.stdout, (args, listed.stdout)
+    app = build_app(store.make(None), ConsoleSettings(by='ops'))
+    with TestClient(app, base_url='http://127.0.0.1:8765') as client:
+        for page in (
+            '/waiting',
+            f'/execution?key={KEY}',
+            '/api/waiting',
+            f'/api/execution?key={KEY}',
+        ):
+            answer = client.get(page)
+            assert answer.status_code == 200 and '1e+13 epoch seconds (beyond the calendar)' in answer.text, page

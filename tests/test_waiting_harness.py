@@ -191,3 +191,76 @@ async def test_wt6_show_prints_a_waiting_questions_options(tmp_path: Path, capsy
     expected.append('[Breakfast | Dinner | None] (several)')
     for line in expected:
         assert line in shown, shown
+
+
+async def test_wt6_an_answer_given_as_json_is_checked_against_the_question_as_a_response_is(
+    new_journal: Callable[[], Journal], tmp_path: Path
+) -> None:
+    await _ask(new_journal(), tmp_path / 'log')
+    wrong = [
+        {'Seat': ['Roof']},  # a label the question does not offer
+        {'Seat': ['Aisle']},  # Meals unanswered
+        {'Seat': ['Aisle', 'Window'], 'Meals': ['Dinner']},  # two seats on a single choice
+        {'answers': [{'header': 'Seat', 'selected': ['Roof']}]},  # the response's JSON is checked too
+        'anything at all',
+        42,
+    ]
+    for answer in wrong:
+        with pytest.raises(ResolutionRefused, match="the answer to question 'q1' does not fit it"):
+            await resolve(new_journal(), KEY, results={'q1': answer})
+    assert [call.call_id for call in await pending_calls(new_journal(), KEY)] == ['q1']  # nothing recorded
+    custom = {'answers': [{'header': 'Seat', 'custom_answer': 'by the door'}, {'header': 'Meals', 'selected': []}]}
+    with pytest.raises(ResolutionRefused, match='picked nothing'):
+        await resolve(new_journal(), KEY, results={'q1': custom})
+
+    rendered = {'Seat': ['Aisle'], 'Meals': ['Breakfast', 'Dinner']}  # what the tool gives, as the console shows it
+    assert (await resolve(new_journal(), KEY, results={'q1': rendered})).completed
+    (call,) = await pending_calls(new_journal(), KEY, decided=True)
+    assert call.decision is not None and call.decision.value == ask_user_result(ask_user_request(call), ANSWER)
+
+
+def test_wt6_complete_checks_an_answer_against_its_question_in_one_line(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from pydantic_ai_durable import DiskJournal
+
+    path = tmp_path / 'journal'
+    asyncio.run(_ask(DiskJournal(path), tmp_path / 'log'))
+
+    def complete(result: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, '-m', 'pydantic_ai_durable', '--journal', str(path), 'complete', KEY, 'q1']
+        env = {**os.environ, 'PYTHONIOENCODING': 'utf-8'}
+        return subprocess.run([*command, f'--result={result}'], capture_output=True, text=True, env=env, timeout=120)
+
+    for wrong, says in (('{"Seat": ["Roof"]}', 'does not offer'), ('"sure"', 'neither a response')):
+        done = complete(wrong)
+        assert done.returncode == 1 and 'Traceback' not in done.stderr and len(done.stderr.splitlines()) == 1, done
+        assert "the answer to question 'q1' does not fit it" in done.stderr and says in done.stderr, done.stderr
+    assert [call.call_id for call in asyncio.run(pending_calls(DiskJournal(path), KEY))] == ['q1']
+    done = complete(json.dumps({'Seat': ['Aisle'], 'Meals': ['Breakfast', 'Dinner']}))
+    assert done.returncode == 0 and 'nothing is pending' in done.stdout, done
+    assert "'Seat': ['Aisle']" in asyncio.run(_ask(DiskJournal(path), tmp_path / 'log'))
+
+
+def test_wt6_ui7_the_console_checks_an_answer_against_its_question(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from pydantic_ai_durable import DiskJournal
+    from pydantic_ai_durable._console import ConsoleSettings, build_app
+
+    path = tmp_path / 'journal'
+    asyncio.run(_ask(DiskJournal(path), tmp_path / 'log'))
+    with TestClient(
+        build_app(DiskJournal(path), ConsoleSettings(by='ops')), base_url='http://127.0.0.1:8765'
+    ) as client:
+        csrf = client.get('/api/session').json()['csrf']
+        body = {'key': KEY, 'results': {'q1': {'Seat': ['Roof']}}}
+        answer = client.post('/api/execution/resolve', json=body, headers={'X-CSRF-Token': csrf})
+        assert answer.status_code == 409 and 'does not offer' in answer.json()['error'], answer.json()
+        form = {'key': KEY, 'call': 'q1', 'decision': 'complete', 'result': '{"Seat": ["Roof"]}', 'csrf': csrf}
+        page = client.post('/execution/resolve', data=form)
+        assert page.status_code == 409 and 'does not offer' in page.text
+    assert [call.call_id for call in asyncio.run(pending_calls(DiskJournal(path), KEY))] == ['q1']

@@ -139,8 +139,7 @@ class _Step:
     def fields(self) -> dict[str, Any]:
         entry = self.entry if isinstance(self.entry, dict) else {}
         payload = dumps(entry['payload']) if 'payload' in entry else None
-        sealed = entry.get(SEALED)
-        key_id = (sealed.get('k') if isinstance(sealed.get('k'), str) else '?') if isinstance(sealed, dict) else None
+        key_id = _sealed_with(entry)
         recorded = epoch(entry.get('t'))
         fingerprint = entry.get('fingerprint')
         return {
@@ -162,7 +161,24 @@ def _steps(snapshot: RunSnapshot) -> list[_Step]:
     return [_Step(position, snapshot.entries[position]) for position in sorted(snapshot.entries)]
 
 
+def _sealed_with(value: Any) -> str | None:
+    """The key id a value read without keys is sealed with (`?` when it names none), or `None` for a plain one."""
+    sealed = value.get(SEALED) if isinstance(value, dict) else None
+    if not isinstance(sealed, dict):
+        return None
+    return sealed.get('k') if isinstance(sealed.get('k'), str) else '?'
+
+
+def _sealed_line(what: str, value: Any) -> str | None:
+    """A run record read without keys says it is sealed, as a step's payload does, instead of being misread (EN-5)."""
+    key_id = _sealed_with(value)
+    return None if key_id is None else f'{what}: sealed (key id {cell(key_id, 20)})'
+
+
 def _spend_line(snapshot: RunSnapshot) -> str | None:
+    sealed = _sealed_line('live spend (all attempts)', snapshot.records.get('usage'))
+    if sealed is not None:
+        return sealed
     spend = latest_spend([snapshot.records.get('usage'), *(_entry_usage(e) for e in snapshot.entries.values())])
     usage = spend.get('usage') if spend is not None else None
     if not isinstance(usage, dict):
@@ -192,6 +208,9 @@ def _entry_usage(entry: Any) -> Any:
 def _meta_line(snapshot: RunSnapshot) -> str | None:
     if 'meta' not in snapshot.records:
         return None
+    sealed = _sealed_line('meta', snapshot.records['meta'])
+    if sealed is not None:
+        return sealed
     meta = RunMeta.parse(snapshot.records['meta'])
     fence = 'none' if meta.diverge_from is None else str(meta.diverge_from)
     line = f'meta: diverge_from={fence} high_water={meta.high_water} model_at_fault={str(meta.model_at_fault).lower()}'

@@ -7,10 +7,11 @@ cells, wide characters counted twice.
 
 from __future__ import annotations
 
-import datetime
 import json
 import unicodedata
 from collections.abc import Sequence
+
+from .._core import beyond_calendar, utc_moment, utc_text
 
 __all__ = (
     'cell',
@@ -107,18 +108,22 @@ def epoch(value: object) -> float | None:
 
 
 def local(epoch: float | None, *, millis: bool = False) -> str:
+    """A time in the local zone for a person; one beyond the calendar (a planted deadline) as epoch seconds."""
     if epoch is None:
         return '-'
-    moment = datetime.datetime.fromtimestamp(epoch).astimezone()
+    utc_time = utc_moment(epoch)
+    try:
+        moment = utc_time.astimezone() if utc_time is not None else None
+    except (ValueError, OverflowError, OSError):  # the calendar's last hours, moved into a zone east of UTC
+        moment = None
+    if moment is None:
+        return beyond_calendar(epoch)
     text = moment.strftime('%Y-%m-%d %H:%M:%S')
     return f'{text}.{moment.microsecond // 1000:03d}' if millis else text
 
 
 def utc(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
-    return moment.isoformat(timespec='milliseconds').replace('+00:00', 'Z')
+    return utc_text(epoch)
 
 
 def print_lines(lines: Sequence[str]) -> None:

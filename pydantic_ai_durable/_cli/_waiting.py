@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from .._answers import answered
 from .._core import Resolution, resolve_calls
 from .._errors import DurableError, ExecutionBusy, ResolutionRefused
 from ..journals import KEYS_VARIABLE, SEALED, CallDecision, DeferredCall, deferred_calls
@@ -69,7 +70,8 @@ def decide_command(
 
     async def decide(journal: Any) -> Resolution:
         try:
-            return await resolve_calls(journal, key, {call_id: decision}, dispatch=dispatch is not None)
+            decisions = await answered(journal, key, {call_id: decision})  # an AskUser answer fits its question
+            return await resolve_calls(journal, key, decisions, dispatch=dispatch is not None)
         except (ResolutionRefused, ExecutionBusy, DurableError) as exc:
             raise Failure(' '.join(str(exc).split())) from None
 

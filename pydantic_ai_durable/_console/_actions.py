@@ -11,11 +11,13 @@ in the API's answer; nothing here bypasses a lease.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from .._answers import answered
 from .._core import Resolution, export_execution, fork_execution, resolve_calls
 from .._errors import DispatchFailed, DurableError, EncryptionMismatch, JournalUnavailable, ResolutionRefused
 from ..journals import CallDecision, Journal, delete_under_lease
@@ -114,13 +116,13 @@ JSON_DEPTH = 100
 
 
 def parse_json(text: str | bytes) -> Any:
-    """JSON as the journal stores it: NaN and infinities refused, as a write would refuse them.
+    """JSON as the journal stores it: NaN and infinities refused (a number too large for a float too), as a write would.
 
     JSON nested deeper than `JSON_DEPTH` raises `ValueError` too: Python's parser raises `RecursionError` on a
     few thousand brackets, and a value only a little less deep breaks whatever recurses over it next.
     """
     try:
-        value = json.loads(text, parse_constant=_finite)
+        value = json.loads(text, parse_constant=_finite, parse_float=_float)
     except RecursionError:
         raise ValueError(f'it is nested deeper than {JSON_DEPTH} levels') from None
     pending: list[tuple[Any, int]] = [(value, 1)]
@@ -130,6 +132,13 @@ def parse_json(text: str | bytes) -> Any:
             if depth > JSON_DEPTH:
                 raise ValueError(f'it is nested deeper than {JSON_DEPTH} levels')
             pending.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return value
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f'{text[:40]} is beyond the range of a float')
     return value
 
 
@@ -210,6 +219,7 @@ async def resolve(
     through the fleet the module loaded, as `approve --dispatch` does.
     """
     try:
+        decisions = await answered(journal, key, decisions)  # an AskUser answer fits its question, as resolve() checks
         return await resolve_calls(journal, key, decisions, dispatch=dispatch)
     except ResolutionRefused as exc:
         status = 404 if exc.call_id is None and await journal.read_execution(key) is None else 409

@@ -42,7 +42,9 @@ def link(path: str, **params: object) -> str:
 
 def _when(moment: float | None) -> str:
     text = utc(moment)
-    return text.replace('T', ' ')[:19] + ' UTC' if text is not None else '-'
+    if text is None:
+        return '-'
+    return text.replace('T', ' ')[:19] + ' UTC' if text.endswith('Z') else text  # else beyond the calendar
 
 
 def _seconds(value: float | None) -> str:

@@ -9,12 +9,11 @@ older release lacks them, and the console then says less rather than guess.
 
 from __future__ import annotations
 
-import datetime
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._core import RunMeta, call_json, parse_entry, run_order, spend_cost
+from .._core import RunMeta, call_json, parse_entry, run_order, spend_cost, utc_text
 from ..journals import (
     SEALED,
     DeferredCall,
@@ -33,10 +32,8 @@ _COUNTERS = ('input_tokens', 'output_tokens', 'requests', 'tool_calls')
 
 
 def utc(moment: float | None) -> str | None:
-    """An epoch time as ISO-8601 UTC with milliseconds, or `None`."""
-    if moment is None:
-        return None
-    return datetime.datetime.fromtimestamp(moment, tz=datetime.UTC).isoformat(timespec='milliseconds')[:-6] + 'Z'
+    """An epoch time as ISO-8601 UTC with milliseconds (epoch seconds beyond the calendar), or `None`."""
+    return utc_text(moment)
 
 
 def _time(value: object) -> float | None:

@@ -9,7 +9,8 @@ a run), `_run` (what it reads and decides), `_retention` and `_attempt`; beside 
 again), and `_rekey` (rewrites every value under the current encryption key); `_document` (an export's
 text read one value at a time), `_export`, `_import`, `_transfer` (executions moved between journals, or
 forked) and `_conversation` (a run read back as messages); `_waiting` (the calls an attempt's runs deferred)
-and `_resolve` (deciding them from anywhere, and deadlines). The rest of the package imports the names below
+and `_resolve` (deciding them from anywhere, and deadlines), with `_times` (stored times as text, even one beyond
+the calendar). The rest of the package imports the names below
 from here.
 """
 
@@ -27,6 +28,7 @@ from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Divergence, Stats, StepOutcome
 from ._step import STEP_OBSERVER, SimulatedCrash, Step, StepPoint, current_step
 from ._sweep import DISPATCHED, sweep_interrupted
+from ._times import beyond_calendar, utc_moment, utc_text
 from ._transfer import copy_execution, export_execution, fork_execution, import_execution
 from ._waiting import Deferral, decided_at, decisions_for, note_answered, note_deferred, still_waiting
 
@@ -55,6 +57,7 @@ __all__ = (
     'Step',
     'StepOutcome',
     'StepPoint',
+    'beyond_calendar',
     'call_json',
     'check_divergence_mode',
     'check_metadata',
@@ -85,5 +88,7 @@ __all__ = (
     'spend_cost',
     'still_waiting',
     'sweep_interrupted',
+    'utc_moment',
+    'utc_text',
     'write_snapshot',
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,11 +45,18 @@ class Span:
     def __len__(self) -> int:
         return self.end - self.start
 
-    def parse(self) -> tuple[Any, Duplicates]:
-        """The value, and the objects in it that name a field twice (for `check_tree`)."""
-        value, end, duplicates = _decode(self.text, self.start)
+    def parse(self, where: str) -> tuple[Any, Duplicates]:
+        """The value, and the objects in it that name a field twice (for `check_tree`); else `ExportInvalid`.
+
+        The frame only found the value's brackets, so this is where text that is not JSON shows: refused
+        naming `where`, as the frame refuses its own.
+        """
+        try:
+            value, end, duplicates = _decode(self.text, self.start, where)
+        except json.JSONDecodeError as exc:
+            raise ExportInvalid(f'{where} is not JSON text ({exc.msg} at character {exc.pos})') from None
         if end != self.end:  # the frame's quick scan and the parser disagree: the text is not JSON
-            raise json.JSONDecodeError('Expecting one JSON value', self.text, min(end, self.end))
+            raise ExportInvalid(f'{where} is not JSON text (one value expected at character {min(end, self.end)})')
         return value, duplicates
 
 
@@ -58,8 +66,13 @@ def shown(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + '...'
 
 
-def _decode(text: str, at: int) -> tuple[Any, int, Duplicates]:
-    """The JSON value at `at`, where it ends, and the objects in it that named a field twice."""
+def _decode(text: str, at: int, where: str) -> tuple[Any, int, Duplicates]:
+    """The JSON value at `at`, where it ends, and the objects in it that named a field twice.
+
+    Raises `json.JSONDecodeError` for text that is not JSON, and `ExportInvalid` naming `where` for JSON that
+    Python's reader will not take: nested deeper than its recursion limit, or an integer longer than `int()`
+    converts (by default 4300 digits).
+    """
     seen: list[tuple[dict[str, Any], str]] = []
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -73,7 +86,17 @@ def _decode(text: str, at: int) -> tuple[Any, int, Duplicates]:
                 names.add(name)
         return made
 
-    value, end = json.JSONDecoder(object_pairs_hook=pairs).raw_decode(text, at)
+    try:
+        value, end = json.JSONDecoder(object_pairs_hook=pairs).raw_decode(text, at)
+    except RecursionError:
+        raise ExportInvalid(f'{where or "the document"} nests deeper than JSON can be read') from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # the one other refusal of the reader: an integer longer than int() converts
+        raise ExportInvalid(
+            f'{where or "the document"} holds an integer of more than {sys.get_int_max_str_digits()} digits, '
+            'more than a JSON reader takes'
+        ) from None
     return value, end, {id(made): (made, twice) for made, twice in seen}
 
 
@@ -87,18 +110,25 @@ def step_name(key: object) -> str:
     return f'.{key}' if isinstance(key, str) and _NAME.fullmatch(key) else f'[{shown(key)}]'
 
 
-def check_tree(value: object, where: str, depth: int, duplicates: Duplicates | None = None) -> None:
+def check_tree(
+    value: object,
+    where: str,
+    depth: int,
+    duplicates: Duplicates | None = None,
+    error: Callable[[str], Exception] = ExportInvalid,
+) -> None:
     """Refuse a float JSON cannot hold, a field given twice, or nesting deeper than `depth`, naming the field.
 
-    It walks with one iterator per level, never one item per node, and skips in one C-level pass the lists
-    and objects that hold only strings, integers, booleans and nulls, so a payload of millions of numbers
-    costs neither memory nor much time.
+    The refusal is `error(message)`: an `ExportInvalid` for a document, another error for a decision. It walks
+    with one iterator per level, never one item per node, and skips in one C-level pass the lists and objects
+    that hold only strings, integers, booleans and nulls, so a payload of millions of numbers costs neither
+    memory nor much time.
     """
     twice = duplicates or {}
 
-    def refuse(path: list[object], reason: str) -> ExportInvalid:
+    def refuse(path: list[object], reason: str) -> Exception:
         steps = ''.join(step_name(key) for key in path)
-        return ExportInvalid(f'{where}{steps if len(steps) <= 160 else steps[:157] + "..."}: {reason}')
+        return error(f'{where}{steps if len(steps) <= 160 else steps[:157] + "..."}: {reason}')
 
     def leaf(node: object, path: list[object]) -> None:
         if isinstance(node, float) and not math.isfinite(node):
@@ -115,7 +145,7 @@ def check_tree(value: object, where: str, depth: int, duplicates: Duplicates | N
         if id(node) in twice and twice[id(node)][0] is node:
             raise refuse([*path, twice[id(node)][1]], 'given twice in one object; a document has one meaning')
         if len(stack) + bool(node) >= depth:  # its items would lie deeper than `depth`
-            raise ExportInvalid(f'{where} nests deeper than {depth} levels')
+            raise error(f'{where} nests deeper than {depth} levels')
         items = node.values() if isinstance(node, dict) else node
         if set(map(type, items)) <= _PLAIN:
             return  # nothing below to look at
@@ -155,14 +185,14 @@ class _Frame:
         return json.JSONDecodeError(what, self.text, at)
 
     def leaf(self, at: int, where: str) -> tuple[Any, int]:
-        value, end, duplicates = _decode(self.text, at)
+        value, end, duplicates = _decode(self.text, at, where)
         check_tree(value, where, self.depth, duplicates)
         return value, end
 
-    def span(self, at: int) -> tuple[Span, int]:
+    def span(self, at: int, where: str) -> tuple[Span, int]:
         """The value at `at` as text: found by its brackets, not parsed (it is parsed when it is checked)."""
         if not (self.opens(at, '{') or self.opens(at, '[')):
-            _, end, _ = _decode(self.text, at)
+            _, end, _ = _decode(self.text, at, where)
             return Span(self.text, at, end), end
         depth = 0
         for token in _TOKENS.finditer(self.text, at):
@@ -185,7 +215,7 @@ class _Frame:
         while True:
             if not self.opens(at, '"'):
                 raise self._fail('Expecting property name enclosed in double quotes', at)
-            name, at, _ = _decode(self.text, at)
+            name, at, _ = _decode(self.text, at, where)
             if name in found:
                 raise ExportInvalid(
                     f'{where or "the document"}: the field {json.dumps(name)[:80]} is given twice in one object; a '
@@ -222,7 +252,7 @@ class _Frame:
 
     def document(self, name: str, at: int, where: str) -> tuple[Any, int]:
         if name == 'execution':
-            return self.span(at)
+            return self.span(at, where)
         if name == 'runs' and self.opens(at, '['):
             return self.array(at, where, self.run)
         return self.leaf(at, where)
@@ -235,7 +265,7 @@ class _Frame:
             if name == 'entries' and self.opens(at, '['):
                 return self.array(at, inner, self.entry)
             if name == 'records' and self.opens(at, '{'):
-                return self.object(at, inner, lambda _name, at, _where: self.span(at))
+                return self.object(at, inner, lambda _name, at, where: self.span(at, where))
             return self.leaf(at, inner)
 
         return self.object(at, where, field)
@@ -244,7 +274,7 @@ class _Frame:
         if not self.opens(at, '{'):
             return self.leaf(at, where)
         return self.object(
-            at, where, lambda name, at, inner: self.span(at) if name == 'entry' else self.leaf(at, inner)
+            at, where, lambda name, at, inner: self.span(at, inner) if name == 'entry' else self.leaf(at, inner)
         )
 
 

@@ -23,7 +23,7 @@ from .._errors import ExportInvalid
 from ..journals import SEALED, Encryption, Journal, RunSnapshot, Sealer
 from ._document import Duplicates, Span, check_tree, read_frame, step_name
 from ._document import shown as _shown
-from ._records import ENTRY_VERSION, IMPORTING, KINDS
+from ._records import ENTRY_VERSION, IMPORTING, KINDS, unlinked
 
 __all__ = (
     'EXPORT_FORMAT',
@@ -254,8 +254,7 @@ def snapshot_from_document(document: dict[str, Any], limits: Limits, open_with: 
         for name, entries, records in raw_runs
     ]
     for run in runs:  # the whole document is checked before anything is written; nothing loaded is kept
-        for position in run.entries:
-            run.entries[position]
+        _check_links(run.name, {position: run.entries[position].get('after') for position in run.entries})
         for name in run.records:
             run.records[name]
     load.checked = True  # loaded again to be written, the same text needs only parsing (and opening)
@@ -275,7 +274,7 @@ class _Loader:
     def _value(self, raw: object, where: str) -> dict[str, Any]:
         if not self.checked:
             return _value(raw, self.limits, where)
-        value: dict[str, Any] = raw.parse()[0] if isinstance(raw, Span) else raw  # type: ignore[assignment]
+        value: dict[str, Any] = raw.parse(where)[0] if isinstance(raw, Span) else raw  # type: ignore[assignment]
         return value
 
     def execution(self, raw: object) -> dict[str, Any]:
@@ -373,12 +372,27 @@ def _runs(value: object, limits: Limits) -> list[tuple[str, dict[int, _Found], d
     return runs
 
 
+def _check_links(run: str, afters: dict[int, object]) -> None:
+    """Refuse a run with a position a later entry was written after, but missing: every attempt would refuse it.
+
+    A run may skip a position (a step never recorded), but not one a later entry names as stored before it
+    (EN-3): an import of such a file would store an execution that no attempt replays (`JournalCorrupt`).
+    """
+    missing = unlinked(afters)
+    if missing:
+        position, later = min(missing.items())
+        raise ExportInvalid(
+            f'run {run} has no entry at position {position}, though its entry at position {later} was recorded '
+            'after it: an entry was taken out of the file, and an attempt would refuse what is left'
+        )
+
+
 def _value(value: object, limits: Limits, where: str) -> dict[str, Any]:
     """One stored value from the file (text still, or an object): an object of one meaning, size and depth bounded."""
     duplicates: Duplicates | None = None
     if isinstance(value, Span):
         _within(len(value), limits, where)  # as written in the file, measured before it is parsed
-        value, duplicates = value.parse()
+        value, duplicates = value.parse(where)
         text = True
     else:
         text = False

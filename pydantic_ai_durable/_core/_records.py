@@ -29,6 +29,7 @@ __all__ = (
     'readable',
     'run_order',
     'spend_cost',
+    'unlinked',
 )
 
 log = logging.getLogger('pydantic_ai_durable')
@@ -88,11 +89,18 @@ def missing_links(entries: Mapping[int, Any]) -> dict[int, int]:
     may leave a position empty (a step not recorded, or still running when its process died), but a position
     a later entry was written after was stored, so its absence means an entry was deleted.
     """
-    missing: dict[int, int] = {}
+    afters = {}
     for position, value in entries.items():
         entry = parse_entry(value)
-        after = entry.get('after') if entry is not None else None
-        if type(after) is int and 0 <= after < position and after not in entries:
+        afters[position] = entry.get('after') if entry is not None else None
+    return unlinked(afters)
+
+
+def unlinked(afters: Mapping[int, object]) -> dict[int, int]:
+    """`missing_links` over each stored position's `after` alone: what an import checks as it reads entries."""
+    missing: dict[int, int] = {}
+    for position, after in afters.items():
+        if type(after) is int and 0 <= after < position and after not in afters:
             missing[after] = min(position, missing.get(after, position))
     return missing
 

@@ -15,8 +15,8 @@ through this process's dispatcher: the fleet core installs its `redispatch` when
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -36,7 +36,9 @@ from ..journals import (
     metadata_of,
     state_of,
 )
+from ._document import check_tree
 from ._records import ENTRY_VERSION
+from ._times import beyond_calendar, utc_moment, utc_text
 
 __all__ = (
     'Dispatcher',
@@ -162,6 +164,8 @@ async def resolve_calls(
     """
     if not decisions:
         raise ValueError('resolve() needs at least one decision: approvals={call_id: ...} or results={call_id: ...}.')
+    for call_id, decision in decisions.items():
+        _check_json(key, call_id, decision)
     dispatcher = _dispatcher(key) if dispatch else None
     resolution = await _resolve(journal, key, decisions, wait)
     if dispatcher is None or not resolution.completed:
@@ -172,6 +176,25 @@ async def resolve_calls(
         raise DispatchFailed(key, f'{type(exc).__name__}: {exc}') from exc
     log.info('Execution %r: its last pending call was decided; it was sent on to a worker.', key)
     return replace(resolution, dispatched=True)
+
+
+_NO_DEPTH_LIMIT = sys.maxsize
+"""A decision's value is as deep as the app makes it; only what JSON cannot hold is refused here."""
+
+
+def _check_json(key: str, call_id: str, decision: CallDecision) -> None:
+    """Refuse a result or arguments holding NaN or an infinity, before anything is written (WT-2).
+
+    JSON has no such numbers: stored, one is printed as `NaN` by `show --json` (no JSON reader takes it), written
+    into an export no import takes, or turned into `null` by the reader on the way; so it is refused, saying where.
+    """
+    for what, value in (('result', decision.value), ('arguments', decision.override_args)):
+        check_tree(
+            value,
+            f'the {what} of call {call_id!r}',
+            _NO_DEPTH_LIMIT,
+            error=lambda reason: ResolutionRefused(key, call_id, reason),
+        )
 
 
 def _dispatcher(key: str) -> Dispatcher:
@@ -246,7 +269,7 @@ async def _decide(journal: Journal, key: str, decisions: Mapping[str, CallDecisi
             raise ResolutionRefused(
                 key,
                 call_id,
-                f'call {call_id!r} ({call.tool_name}) passed its deadline at {_utc(call.deadline)}: only its '
+                f'call {call_id!r} ({call.tool_name}) passed its deadline at {utc_text(call.deadline)}: only its '
                 'deadline decides it now, and the next deadline pass (deny_overdue, which the sweep runs) denies it',
             )
         changes[slot] = (call.call_id, decision)
@@ -306,14 +329,9 @@ def describe(decision: CallDecision) -> str:
     what = {'approved': 'approved', 'denied': 'denied', 'result': 'completed with a result'}[decision.kind]
     if decision.via == 'deadline':
         what = 'denied by its deadline'
-    when = datetime.datetime.fromtimestamp(decision.at, tz=datetime.UTC).isoformat(timespec='seconds')
+    moment = utc_moment(decision.at)
+    when = moment.isoformat(timespec='seconds') if moment is not None else beyond_calendar(decision.at)
     return f'{what}{f" by {decision.by}" if decision.by else ""} at {when}'
-
-
-def _utc(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    return datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC).isoformat(timespec='milliseconds')[:-6] + 'Z'
 
 
 def call_json(call: DeferredCall) -> dict[str, Any]:
@@ -330,13 +348,13 @@ def call_json(call: DeferredCall) -> dict[str, Any]:
         'metadata': call.metadata,
         'tool_metadata': call.tool_metadata,
         'request': call.request,
-        'since': _utc(call.since),
-        'deadline': _utc(call.deadline),
+        'since': utc_text(call.since),
+        'deadline': utc_text(call.deadline),
         'pending': call.pending,
         'answered_in': call.answered_in,
         'decision': None
         if decision is None
-        else {**decision.as_record(), 'at': _utc(decision.at), 'at_epoch': decision.at},
+        else {**decision.as_record(), 'at': utc_text(decision.at), 'at_epoch': decision.at},
     }
 
 

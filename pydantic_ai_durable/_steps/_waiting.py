@@ -25,7 +25,7 @@ from .._core import Deferral, decided_at, decisions_for, note_answered, note_def
 from .._fingerprint import call_digest
 from ..journals import CallDecision, CallKind
 
-__all__ = ('WAIT_TIMEOUT', 'check_wait_timeout', 'note_run_end', 'recorded_decisions')
+__all__ = ('MAX_WAIT_TIMEOUT', 'WAIT_TIMEOUT', 'check_wait_timeout', 'note_run_end', 'recorded_decisions')
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -36,12 +36,22 @@ _ASK_USER_TOOL = 'ask_user_question'
 """The tool pydantic-ai-harness's `AskUser(answerer=None)` defers: its calls are listed with their request."""
 
 
+MAX_WAIT_TIMEOUT = 100 * 365 * 86400
+"""The longest wait a deadline may give, in seconds (a hundred years): one longer is meant as none (`None`), and
+its deadline would lie past the calendar `show`, `list` and the console print."""
+
+
 def check_wait_timeout(value: object, where: str = 'Durable(wait_timeout=...)') -> float | None:
     """A deadline in seconds, or `None` (waits for ever); anything else is refused before a run starts."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f'{where} must be a positive number of seconds, or None to wait for ever, not {value!r}.')
+    if value > MAX_WAIT_TIMEOUT:
+        raise ValueError(
+            f'{where} is {value:g} seconds, more than the {MAX_WAIT_TIMEOUT} (a hundred years) a deadline may be; '
+            'pass None to wait for ever.'
+        )
     return float(value)
 
 
