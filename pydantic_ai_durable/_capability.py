@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from pydantic_ai.agent import AbstractAgent, EventStreamHandler
@@ -26,6 +26,7 @@ from ._compat import (
     resolve_request_model,
 )
 from ._core import DivergenceMode, SimulatedCrash, check_divergence_mode, current_step
+from ._errors import DurableError
 from ._execution import current_attempt, track_spend
 from ._fingerprint import ModelFingerprinter, fingerprint_run_start
 from ._masking import SECRETS, SecretRegistry
@@ -47,6 +48,14 @@ from .journals import Journal
 __all__ = ('Durable',)
 
 log = logging.getLogger('pydantic_ai_durable')
+
+_RESTARTED = (
+    'Execution {key!r}: this agent run was started with the messages of the recorded run it stands for as its '
+    'history (for example `RunCancelled.all_messages()` or `result.all_messages()` of an earlier attempt), which '
+    'would record over that run and send its requests again. To continue it, run the same code again in the same '
+    'execution: every step that ended replays. To start a new conversation from those messages, run it in '
+    'another execution key, or fork the execution (pydantic-ai-durable fork).'
+)
 
 _RUN_IDS = uuid.UUID('5d1f3c2e-7a4b-4e8f-9c61-2b0d8a7e4f13')
 """The namespace of the run ids `Durable` derives (A-14); changing it changes every derived run id."""
@@ -169,6 +178,19 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         run_key = attempt.next_run_key(attempt.journal_for(self.journal))
         run_id = str(uuid.uuid5(_RUN_IDS, f'{attempt.key}\x00{run_key}'))
         self._numbered[(attempt.key, run_id)] = run_key
+        return run_id
+
+    async def _get_default_run_id_for_inputs(self, get_inputs: Callable[[], Mapping[str, Any]]) -> str | None:
+        """`get_default_run_id`, refusing a run started again with its own messages as history (A-15).
+
+        pydantic-ai 2.7x asks this with the run's inputs; 2.62 calls `get_default_run_id` alone, and then
+        refuses such a history itself, with its own message.
+        """
+        run_id = self.get_default_run_id()
+        if run_id is not None and any(
+            recorded == run_id for recorded, _ in get_inputs().get('message_history_ids', ())
+        ):
+            raise DurableError(_RESTARTED.format(key=getattr(current_attempt(), 'key', '?')))
         return run_id
 
     def get_default_conversation_id(self, run_id: str) -> str | None:

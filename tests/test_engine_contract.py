@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent, CancellationToken, FunctionToolset
+from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.durable_exec import BaseDurabilityCapability
 from pydantic_ai.exceptions import RunCancelled, UserError
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
@@ -19,10 +20,11 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
-from pydantic_ai_durable import Durable, execution
+from pydantic_ai_durable import Durable, DurableError, execution
 from pydantic_ai_durable.journals import DiskJournal
 
 HAS_SUBMIT_OUTPUT = hasattr(RunContext, 'submit_output')
+SEES_RUN_INPUTS = hasattr(AbstractCapability, '_get_default_run_id_for_inputs')
 SPEC_DECLARES_TOKENS = 'accepts_cancellation_token' in Durable.engine_spec.__dataclass_fields__
 
 
@@ -201,3 +203,58 @@ async def test_a14_run_id_and_conversation_id_are_the_same_in_every_attempt(tmp_
     inside = {run_id for run_id, _ in seen}
     outside = await agent.run('go')  # outside an execution: pydantic-ai's own fresh id
     assert outside.run_id not in inside
+
+
+# -- A-15: continuing a cancelled run never records over it ---------------------------------------------------
+
+
+async def test_a15_a_run_restarted_with_its_own_messages_is_refused_and_the_recorded_run_stays(
+    tmp_path: Path,
+) -> None:
+    journal = DiskJournal(tmp_path / 'j')
+    token = CancellationToken()
+    calls: list[str] = []
+
+    def cancel_in_second_tool(n: int) -> None:
+        if n == 2 and not token.cancelled:
+            token.cancel()
+
+    agent = _stepping_agent(journal, calls, during=cancel_in_second_tool)
+    with pytest.raises(RunCancelled) as cancelled:
+        async with execution('a15', cleanup='keep'):
+            await agent.run('go', cancellation_token=token)
+    recorded = await journal.read_run('a15', '0')
+    messages = cancelled.value.all_messages()
+
+    calls.clear()
+    # 2.62 asks for the run id without the inputs, and refuses the reused id itself, with its own message
+    refusal = DurableError if SEES_RUN_INPUTS else UserError
+    with pytest.raises(refusal, match=r'same execution|already appears'):
+        async with execution('a15', cleanup='keep'):
+            await agent.run(message_history=messages)
+    assert calls == []
+    assert await journal.read_run('a15', '0') == recorded  # nothing recorded over run 0
+
+    async with execution('a15', cleanup='keep') as handle:  # the same code again: it continues
+        assert (await agent.run('go')).output == 'done'
+    assert calls == ['model 4']
+    assert [step.outcome for step in handle.stats.steps] == ['replayed'] * 4 + ['live']
+
+
+async def test_a15_continuing_a_cancelled_run_in_the_same_attempt_is_a_run_of_its_own(tmp_path: Path) -> None:
+    journal = DiskJournal(tmp_path / 'j')
+    token = CancellationToken()
+    calls: list[str] = []
+
+    def cancel_in_second_tool(n: int) -> None:
+        if n == 2 and not token.cancelled:
+            token.cancel()
+
+    agent = _stepping_agent(journal, calls, during=cancel_in_second_tool)
+    async with execution('a15-same', cleanup='keep') as handle:
+        try:
+            await agent.run('go', cancellation_token=token)
+        except RunCancelled as cancelled:
+            result = await agent.run(message_history=cancelled.all_messages())
+    assert result.output == 'done'
+    assert sorted({step.run for step in handle.stats.steps}) == ['0', '1']
