@@ -6,6 +6,7 @@ feature it checks. Each counts what ran: model requests, tool bodies, calls of t
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +259,68 @@ async def test_a15_continuing_a_cancelled_run_in_the_same_attempt_is_a_run_of_it
             result = await agent.run(message_history=cancelled.all_messages())
     assert result.output == 'done'
     assert sorted({step.run for step in handle.stats.steps}) == ['0', '1']
+
+
+# -- A-12, after pydantic-ai's own cancellation tests: a token fired early, a task cancelled from outside ------
+
+
+async def test_a12_a_token_cancelled_before_the_run_sends_nothing_and_records_nothing(tmp_path: Path) -> None:
+    journal = DiskJournal(tmp_path / 'j')
+    calls: list[str] = []
+    agent = _stepping_agent(journal, calls)
+    token = CancellationToken()
+    token.cancel()
+    with pytest.raises(RunCancelled):
+        async with execution('a12-early', cleanup='keep'):
+            await agent.run('go', cancellation_token=token)
+    assert calls == []
+    async with execution('a12-early', cleanup='keep') as handle:
+        assert (await agent.run('go')).output == 'done'
+    assert calls == ['model 0', 'tool 1', 'model 2', 'tool 3', 'model 4']
+    assert handle.stats.divergences == []
+
+
+async def test_a12_a_task_cancelled_from_outside_during_a_request_resends_only_that_request(tmp_path: Path) -> None:
+    journal = DiskJournal(tmp_path / 'j')
+    calls: list[str] = []
+    in_flight = asyncio.Event()
+    hang = [True]
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = _returns(messages)
+        calls.append(f'model {2 * done}')
+        if done == 1 and hang[0]:
+            in_flight.set()
+            await asyncio.Event().wait()  # the second request never answers in the first attempt
+        if done < 2:
+            return ModelResponse(parts=[ToolCallPart('step', {'n': done + 1}, tool_call_id=f'c{done + 1}')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    def step(n: int) -> str:
+        calls.append(f'tool {2 * n - 1}')
+        return f'r{n}'
+
+    agent = Agent(
+        FunctionModel(model),
+        name='outside',
+        toolsets=[FunctionToolset([step], id='steps')],
+        capabilities=[Durable(journal=journal)],
+    )
+
+    async def first_attempt() -> None:
+        async with execution('a12-task', cleanup='keep'):
+            await agent.run('go')
+
+    task = asyncio.create_task(first_attempt())
+    await in_flight.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert calls == ['model 0', 'tool 1', 'model 2']
+
+    calls.clear()
+    hang[0] = False
+    async with execution('a12-task', cleanup='keep') as handle:
+        assert (await agent.run('go')).output == 'done'
+    assert calls == ['model 2', 'tool 3', 'model 4']  # the request cut off is sent again, once; nothing else
+    assert [step.outcome for step in handle.stats.steps[:2]] == ['replayed', 'replayed']
