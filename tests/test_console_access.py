@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from console_fixtures import LOCAL, console_client, record_order
 from helpers import Calls, two_step_agent
 from pydantic_ai.usage import RequestUsage
 from starlette.testclient import TestClient
@@ -24,7 +25,6 @@ from pydantic_ai_durable._errors import ConsoleRefused
 from pydantic_ai_durable.journals import KEYS_VARIABLE, DiskJournal, Encryption, reseal
 
 TOKEN = 'a-token-of-sixteen-or-more'
-LOCAL = 'http://127.0.0.1:8765'
 PAGES = [
     '/executions',
     '/execution?key=order-1',
@@ -44,22 +44,10 @@ API = [
 
 @pytest.fixture
 def journal_path(tmp_path: Path) -> Path:
-    path = tmp_path / 'journal'
-
-    async def record() -> None:
-        journal = DiskJournal(path)
-        async with execution('order-1', journal=journal):
-            await two_step_agent(journal, Calls()).run('count the rows')
-        await journal.close()
-
-    import asyncio
-
-    asyncio.run(record())
-    return path
+    return record_order(tmp_path / 'journal')
 
 
-def _client(path: Path, base: str = LOCAL, **settings: object) -> TestClient:
-    return TestClient(build_app(DiskJournal(path), ConsoleSettings(**settings)), base_url=base)  # type: ignore[arg-type]
+_client = console_client
 
 
 @pytest.fixture

@@ -25,17 +25,15 @@ from urllib.parse import urljoin, urlsplit
 
 import pytest
 from console_browser import free_port, serving_process
-from helpers import Calls, two_step_agent
+from console_fixtures import LOCAL, console_client, record_order
 from starlette.testclient import TestClient
 
-from pydantic_ai_durable import execution
 from pydantic_ai_durable._console import ConsoleSettings, build_app
 from pydantic_ai_durable.journals import DiskJournal, ExecutionPage
 
 pytestmark = pytest.mark.once  # the console's own machinery, whatever the pydantic-ai version
 
 TOKEN = 'a-token-of-sixteen-or-more'
-LOCAL = 'http://127.0.0.1:8765'
 LIMIT = 1 << 20
 """The console's default body limit: 1 MiB."""
 MB = 1_000_000
@@ -45,20 +43,10 @@ DEEP = b'[' * 100_000 + b']' * 100_000
 
 @pytest.fixture
 def journal_path(tmp_path: Path) -> Path:
-    path = tmp_path / 'journal'
-
-    async def record() -> None:
-        journal = DiskJournal(path)
-        async with execution('order-1', journal=journal):
-            await two_step_agent(journal, Calls()).run('count the rows')
-        await journal.close()
-
-    asyncio.run(record())
-    return path
+    return record_order(tmp_path / 'journal')
 
 
-def _client(path: Path, base: str = LOCAL, **settings: Any) -> TestClient:
-    return TestClient(build_app(DiskJournal(path), ConsoleSettings(**settings)), base_url=base)
+_client = console_client
 
 
 def _secured(headers: Any, where: str) -> None:
@@ -358,15 +346,7 @@ class Served:
 
 @pytest.fixture(scope='class')
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    path = tmp_path_factory.mktemp('served') / 'journal'
-
-    async def record() -> None:
-        journal = DiskJournal(path)
-        async with execution('order-1', journal=journal):
-            await two_step_agent(journal, Calls()).run('count the rows')
-        await journal.close()
-
-    asyncio.run(record())
+    path = record_order(tmp_path_factory.mktemp('served') / 'journal')
     port = free_port()
     with serving_process([sys.executable, '-c', _SERVE, str(path), str(port), TOKEN], port) as process:
         yield Served(port, process.pid)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Calls, two_step_agent
+from console_fixtures import record_order
 from starlette.testclient import TestClient
 from waiting_agent import KEY, QUESTIONS, asking_agent, attempt, lines
 
@@ -46,10 +46,10 @@ LOCAL = 'http://127.0.0.1:8765'
 def journal_path(tmp_path: Path) -> Path:
     path = tmp_path / 'journal'
 
+    record_order(path)
+
     async def record() -> None:
         journal = DiskJournal(path)
-        async with execution('order-1', journal=journal):
-            await two_step_agent(journal, Calls()).run('count the rows')
         async with execution('trip-3', journal=journal):
             await asking_agent(journal, tmp_path / 'asked').run('book my trip')
         await attempt(journal, tmp_path / 'log', scenario='three', refund_timeout=3600)  # the refunds: 1 h each

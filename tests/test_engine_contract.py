@@ -82,18 +82,23 @@ def test_a12_the_cancellation_token_policy_is_declared() -> None:
     assert Durable.engine_spec.accepts_cancellation_token is True  # type: ignore[attr-defined,unused-ignore]
 
 
+def _cancelled_in_second_tool(journal: DiskJournal, calls: list[str]) -> tuple[Agent[None, str], CancellationToken]:
+    """The stepping agent and a token its second tool fires, once, while it runs."""
+    token = CancellationToken()
+
+    def cancel_in_second_tool(n: int) -> None:
+        if n == 2 and not token.cancelled:
+            token.cancel()
+
+    return _stepping_agent(journal, calls, during=cancel_in_second_tool), token
+
+
 async def test_a12_a_cancelled_run_fails_its_attempt_and_a_plain_rerun_repeats_no_step_that_ended(
     tmp_path: Path,
 ) -> None:
     journal = DiskJournal(tmp_path / 'j')
-    token = CancellationToken()
     calls: list[str] = []
-
-    def cancel_in_second_tool(n: int) -> None:
-        if n == 2:
-            token.cancel()
-
-    agent = _stepping_agent(journal, calls, during=cancel_in_second_tool)
+    agent, token = _cancelled_in_second_tool(journal, calls)
     with pytest.raises(RunCancelled):
         async with execution('a12-cancel', cleanup='keep'):
             await agent.run('go', cancellation_token=token)
@@ -213,14 +218,8 @@ async def test_a15_a_run_restarted_with_its_own_messages_is_refused_and_the_reco
     tmp_path: Path,
 ) -> None:
     journal = DiskJournal(tmp_path / 'j')
-    token = CancellationToken()
     calls: list[str] = []
-
-    def cancel_in_second_tool(n: int) -> None:
-        if n == 2 and not token.cancelled:
-            token.cancel()
-
-    agent = _stepping_agent(journal, calls, during=cancel_in_second_tool)
+    agent, token = _cancelled_in_second_tool(journal, calls)
     with pytest.raises(RunCancelled) as cancelled:
         async with execution('a15', cleanup='keep'):
             await agent.run('go', cancellation_token=token)
@@ -244,14 +243,8 @@ async def test_a15_a_run_restarted_with_its_own_messages_is_refused_and_the_reco
 
 async def test_a15_continuing_a_cancelled_run_in_the_same_attempt_is_a_run_of_its_own(tmp_path: Path) -> None:
     journal = DiskJournal(tmp_path / 'j')
-    token = CancellationToken()
     calls: list[str] = []
-
-    def cancel_in_second_tool(n: int) -> None:
-        if n == 2 and not token.cancelled:
-            token.cancel()
-
-    agent = _stepping_agent(journal, calls, during=cancel_in_second_tool)
+    agent, token = _cancelled_in_second_tool(journal, calls)
     async with execution('a15-same', cleanup='keep') as handle:
         try:
             await agent.run('go', cancellation_token=token)
