@@ -32,6 +32,7 @@ from ._steps import (
     note_run_end,
     opted_out_toolsets,
     recorded_decisions,
+    replayed_waits,
 )
 from ._tracing import traced_run
 from ._usage import ReplayUsageLedger, RunSpend
@@ -148,7 +149,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         active = ActiveRun(run, ledger, fingerprinter, spend, self.secrets, resolve_model=self._request_model)
         track_spend(spend)
         ledger.credit_first_replay(run)
-        with activated(self, active):
+        with activated(self, active), replayed_waits(active):
             try:
                 with traced_run(run, ctx.capabilities, lambda: spend.attempt):
                     result = await handler()
@@ -162,6 +163,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
                 raise
             finally:
                 ledger.settle()
+        await run.succeeded()  # F-10: what it recorded again after a failed attempt replays from now on
         waits = note_run_end(active, result, wait_timeout=self.wait_timeout)
         if attempt.cleanup == 'run' and not waits:
             await attempt.cleanup_run(run)

@@ -5,15 +5,17 @@ no public counterpart: `BaseDurabilityCapability._resolve_model_for_request` run
 `resolve_model_id` chain, which the package must not copy, because a request fingerprinted against another
 model than the one that answers it could replay a wrong answer. And a function toolset a
 capability contributes without an id (pydantic-ai-harness's `AskUser`) is given its capability's id, the
-name pydantic-ai's durable layer asks for, since there is no public way to name it.
+name pydantic-ai's durable layer asks for, since there is no public way to name it. The sleep the agent
+graph waits with is read, where the release keeps it where 2.62 to 2.78 do, so a wait the package lets through
+still goes to a sleep the application installed (A-13).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
 
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.durable_exec import BaseDurabilityCapability
@@ -27,6 +29,7 @@ __all__ = (
     'PRIVATE_HOOKS',
     'TESTED_PYDANTIC_AI',
     'check_private_hooks',
+    'graph_sleep',
     'name_capability_toolsets',
     'resolve_request_model',
 )
@@ -109,3 +112,16 @@ def name_capability_toolsets(toolsets: Sequence[AbstractToolset[Any]]) -> None:
         if toolset.id is None and isinstance(name, str) and name not in taken:
             toolset._id = name  # pyright: ignore[reportPrivateUsage]
             taken.add(name)
+
+
+def graph_sleep() -> Callable[[float], Awaitable[None]] | None:
+    """The sleep installed for the agent graph's waits (`Agent.using_sleep`), or `None` for pydantic-ai's default.
+
+    Read from pydantic-ai's private context variable, where every supported release keeps it; a release that
+    moved it reads as "none installed", so a wait then uses `anyio.sleep` as pydantic-ai's default does.
+    """
+    from pydantic_ai import _agent_graph
+
+    current = getattr(_agent_graph, '_AGENT_GRAPH_SLEEP', None)
+    sleep = current.get() if current is not None else None
+    return cast('Callable[[float], Awaitable[None]] | None', sleep)

@@ -1,0 +1,441 @@
+"""A model request that raises a `ModelAPIError` is a step too (A-12), and a wait before a recorded step is not
+waited again (A-13).
+
+Every test checks the invariant of a durable run: once an execution finished, running it again returns its
+recorded output with no live model request and no wait, whatever the models would answer now. The
+capabilities that recover from a failed request in the same run step (`ModelFallback`, `RetryOnModelErrors`)
+exist from pydantic-ai-slim 2.7x on, as does the model-error codec the recorded error is written with; on an
+older release a failed request stays unrecorded, as it always was there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import ModelAPIError, ModelHTTPError, ModelUnavailableError, UnexpectedModelBehavior
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+from pydantic_ai.models import Model
+from pydantic_ai.models.fallback import FallbackModel
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.tools import RunContext
+from pydantic_ai.usage import RequestUsage, RunUsage
+
+from pydantic_ai_durable import Durable, MemoryJournal, execution
+from pydantic_ai_durable._steps import MODEL_ERRORS_RECORDED
+from pydantic_ai_durable.testing import SimulatedCrash, crash_at
+
+try:
+    from pydantic_ai.capabilities import ModelFallback
+except ImportError:  # pydantic-ai-slim before 2.7x
+    ModelFallback = None  # type: ignore[assignment,misc]
+try:
+    from pydantic_ai.capabilities import RetryOnModelErrors
+except ImportError:
+    RetryOnModelErrors = None  # type: ignore[assignment,misc]
+
+pytestmark = pytest.mark.anyio
+
+needs_codec = pytest.mark.skipif(
+    not MODEL_ERRORS_RECORDED,
+    reason='this pydantic-ai-slim has no model-error codec (pydantic_ai.durable_exec._model_error_codec, 2.7x on): '
+    'a failed model request stays unrecorded, as on every release before it (A-12)',
+)
+needs_model_fallback = pytest.mark.skipif(
+    ModelFallback is None, reason='this pydantic-ai-slim has no ModelFallback capability (2.7x on)'
+)
+needs_retry = pytest.mark.skipif(
+    RetryOnModelErrors is None, reason='this pydantic-ai-slim has no RetryOnModelErrors capability (2.7x on)'
+)
+
+
+def overloaded() -> Exception:
+    """What an adapter raises for an HTTP 503: an HTTP error of the category `RetryOnModelErrors` retries."""
+    return ModelHTTPError.for_category(ModelUnavailableError, status_code=503, model_name='primary', body={'e': 1})
+
+
+@dataclass
+class Flaky:
+    """A model that raises `error()` while `down`, and answers `answer` otherwise; `calls` counts every request."""
+
+    answer: str
+    down: bool = True
+    failures_left: int | None = None
+    """When set, the model recovers by itself after this many failures."""
+    error: Callable[[], Exception] = overloaded
+    calls: int = 0
+
+    def model(self, name: str) -> FunctionModel:
+        def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            self.calls += 1
+            if self.failures_left is not None:
+                if self.failures_left > 0:
+                    self.failures_left -= 1
+                    raise self.error()
+            elif self.down:
+                raise self.error()
+            return ModelResponse(parts=[TextPart(self.answer)], usage=RequestUsage(input_tokens=7, output_tokens=3))
+
+        return FunctionModel(respond, model_name=name)
+
+
+def fallback_agent(journal: MemoryJournal, primary: Flaky, backup: Flaky) -> Agent[None, str]:
+    """The primary model with a `ModelFallback` to the backup, which `Durable` knows by the name `backup`."""
+    assert ModelFallback is not None
+    backup_model = backup.model('backup')
+    return Agent(
+        primary.model('primary'),
+        name='fallback',
+        capabilities=[ModelFallback('backup'), Durable(journal=journal, models={'backup': backup_model})],
+    )
+
+
+@dataclass
+class Sleeps:
+    """The agent graph's sleep, counted and not waited: what a test sees of every wait the run makes."""
+
+    delays: list[float] = field(default_factory=list)
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+@contextmanager
+def counted_sleeps() -> Iterator[Sleeps]:
+    sleeps = Sleeps()
+    with Agent.using_sleep(sleeps):
+        yield sleeps
+
+
+async def run_once(agent: Agent[None, str], key: str = 'order-1') -> tuple[str, Any]:
+    async with execution(key) as handle:
+        result = await agent.run('What is on order 1?')
+    return result.output, handle
+
+
+# -- ModelFallback and FallbackModel ---------------------------------------------------------------------------
+
+
+@needs_codec
+@needs_model_fallback
+async def test_a12_model_fallback_replays_the_backup_answer_after_the_primary_recovers() -> None:
+    journal = MemoryJournal()
+    primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
+    agent = fallback_agent(journal, primary, backup)
+    with counted_sleeps() as sleeps:
+        output, first = await run_once(agent)
+        assert output == 'backup answer'
+        assert (primary.calls, backup.calls) == (1, 1)
+        assert first.stats.recorded['model'] == 2  # the failed request is a step of its own
+
+        primary.down = False  # the primary recovered: a live request would now get its answer
+        output, replay = await run_once(agent)
+    assert output == 'backup answer'
+    assert (primary.calls, backup.calls) == (1, 1)  # zero live requests to either model
+    assert replay.stats.replayed['model'] == 2 and replay.stats.recorded['model'] == 0
+    assert sleeps.delays == []
+
+
+@needs_codec
+@needs_model_fallback
+async def test_a12_the_replayed_error_has_its_original_type_and_fields() -> None:
+    journal = MemoryJournal()
+    seen: list[BaseException] = []
+
+    def rate_limited() -> Exception:
+        return ModelHTTPError(429, 'primary', body={'error': {'code': 'rate_limit_exceeded'}})
+
+    primary, backup = Flaky('primary answer', error=rate_limited), Flaky('backup answer', down=False)
+
+    def fall_back_on(error: Exception) -> bool:
+        seen.append(error)
+        return isinstance(error, ModelAPIError)
+
+    assert ModelFallback is not None
+    agent = Agent(
+        primary.model('primary'),
+        name='fallback',
+        capabilities=[
+            ModelFallback('backup', fallback_on=fall_back_on),
+            Durable(journal=journal, models={'backup': backup.model('backup')}),
+        ],
+    )
+    assert (await run_once(agent))[0] == 'backup answer'
+    assert (await run_once(agent))[0] == 'backup answer'
+    assert (primary.calls, backup.calls) == (1, 1)
+    live, replayed = seen
+    assert replayed is not live
+    assert type(replayed) is type(live)  # a categorized HTTP error stays the same class (429: a rate limit)
+    assert isinstance(replayed, ModelHTTPError)
+    assert (replayed.status_code, replayed.model_name, replayed.body) == (429, 'primary', live.body)  # type: ignore[attr-defined]
+    assert str(replayed) == str(live)
+
+
+@needs_codec
+@needs_model_fallback
+async def test_a12_the_answering_response_lists_the_failed_attempt_on_replay_too() -> None:
+    journal = MemoryJournal()
+    primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
+    agent = fallback_agent(journal, primary, backup)
+    async with execution('order-1'):
+        live = await agent.run('What is on order 1?')
+    primary.down = False
+    async with execution('order-1'):
+        replay = await agent.run('What is on order 1?')
+    live_attempts = [(a.model_name, a.outcome) for a in live.all_messages()[-1].failed_attempts or []]  # type: ignore[union-attr]
+    replay_attempts = [(a.model_name, a.outcome) for a in replay.all_messages()[-1].failed_attempts or []]  # type: ignore[union-attr]
+    assert live_attempts == replay_attempts == [('primary', 'error')]
+
+
+@pytest.mark.parametrize('attempts', [2, 3])
+async def test_a12_fallback_model_replays_the_backup_answer(attempts: int) -> None:
+    """`FallbackModel` moves on inside one step, on every release: the step records the backup's answer."""
+    journal = MemoryJournal()
+    primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
+    primary_model, backup_model = primary.model('primary'), backup.model('backup')
+    agent = Agent(
+        FallbackModel(primary_model, backup_model),
+        name='fallback_model',
+        capabilities=[Durable(journal=journal, models={'primary': primary_model, 'backup': backup_model})],
+    )
+    assert (await run_once(agent))[0] == 'backup answer'
+    primary.down = False
+    for _ in range(attempts - 1):
+        assert (await run_once(agent))[0] == 'backup answer'
+    assert (primary.calls, backup.calls) == (1, 1)
+
+
+@needs_codec
+@needs_model_fallback
+async def test_a12_a_crash_after_the_recorded_error_reruns_only_the_backup() -> None:
+    journal = MemoryJournal()
+    primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
+    agent = fallback_agent(journal, primary, backup)
+    # the backup answered, and nothing recorded it yet
+    with crash_at(kind='model', nth=2, point='after_body') as plan, pytest.raises(SimulatedCrash):
+        await run_once(agent)
+    assert plan.fired
+    assert (primary.calls, backup.calls) == (1, 1)
+
+    primary.down = False
+    output, rerun = await run_once(agent)
+    assert output == 'backup answer'  # the recorded error sent the rerun to the backup, as in the attempt it replays
+    assert (primary.calls, backup.calls) == (1, 2)
+    assert rerun.stats.replayed['model'] == 1 and rerun.stats.recorded['model'] == 1
+
+    output, _ = await run_once(agent)
+    assert output == 'backup answer'
+    assert (primary.calls, backup.calls) == (1, 2)
+
+
+@needs_codec
+@needs_model_fallback
+async def test_a12_a_run_the_error_failed_sends_the_request_again() -> None:
+    """Every model failed, so the run failed: the next attempt asks them again (F-2 through the group)."""
+    journal = MemoryJournal()
+    primary, backup = Flaky('primary answer'), Flaky('backup answer')
+    agent = fallback_agent(journal, primary, backup)
+    with pytest.raises(BaseException) as failed:
+        await run_once(agent)
+    assert not isinstance(failed.value, SimulatedCrash)
+    assert (primary.calls, backup.calls) == (1, 1)
+
+    primary.down = False
+    output, retry = await run_once(agent)
+    assert output == 'primary answer'
+    assert (primary.calls, backup.calls) == (2, 1)
+    assert retry.stats.replayed['model'] == 0
+
+    output, _ = await run_once(agent)  # and that answer replays from now on
+    assert output == 'primary answer'
+    assert (primary.calls, backup.calls) == (2, 1)
+
+
+async def test_a12_a_run_failed_by_the_error_alone_sends_the_request_again() -> None:
+    """No capability recovers: the error fails the run, and the retry is sent live, not replayed into the error."""
+    journal = MemoryJournal()
+    primary = Flaky('primary answer')
+    agent = Agent(primary.model('primary'), name='plain', capabilities=[Durable(journal=journal)])
+    with pytest.raises(ModelHTTPError):
+        await run_once(agent)
+    primary.down = False
+    assert (await run_once(agent))[0] == 'primary answer'
+    assert primary.calls == 2
+
+
+class ApplicationModelError(ModelHTTPError):
+    """A subclass of pydantic-ai's error an application raises from its own model: the codec cannot rebuild it."""
+
+
+@needs_codec
+@needs_model_fallback
+async def test_a12_an_error_the_codec_cannot_rebuild_is_not_recorded(caplog: pytest.LogCaptureFixture) -> None:
+    journal = MemoryJournal()
+    primary = Flaky('primary answer', error=lambda: ApplicationModelError(503, 'primary'))
+    backup = Flaky('backup answer', down=False)
+    agent = fallback_agent(journal, primary, backup)
+    with caplog.at_level(logging.WARNING, logger='pydantic_ai_durable'):
+        output, first = await run_once(agent)
+    assert output == 'backup answer'
+    assert first.stats.recorded['model'] == 1  # the backup's answer only
+    assert any(
+        'ApplicationModelError' in record.getMessage() and 'A-12' in record.getMessage() for record in caplog.records
+    )
+
+    output, _ = await run_once(agent)  # the unrecorded request runs live again, into the same error
+    assert output == 'backup answer'
+    assert (primary.calls, backup.calls) == (2, 1)
+
+
+@needs_codec
+@needs_model_fallback
+@pytest.mark.parametrize(
+    'error',
+    [
+        pytest.param(lambda: RuntimeError('the adapter broke'), id='not-a-model-error'),
+        pytest.param(lambda: UnexpectedModelBehavior('empty response'), id='unexpected-model-behavior'),
+    ],
+)
+async def test_a12_only_model_api_errors_are_recorded(error: Callable[[], Exception]) -> None:
+    journal = MemoryJournal()
+    primary = Flaky('primary answer', error=error)
+    backup = Flaky('backup answer', down=False)
+    agent = fallback_agent(journal, primary, backup)
+    with pytest.raises(BaseException) as failed:
+        await run_once(agent)
+    assert not isinstance(failed.value, SimulatedCrash)
+    run = await journal.read_run('order-1', '0')
+    assert run.entries == {}  # nothing was recorded for the request that raised
+    assert (primary.calls, backup.calls) == (1, 0)
+
+
+class Recovering(AbstractCapability[Any]):
+    """Answers for a failed request itself: `on_model_request_error`, which every supported release has."""
+
+    async def on_model_request_error(
+        self, ctx: RunContext[Any], *, request_context: Any, error: Exception
+    ) -> ModelResponse:
+        return ModelResponse(parts=[TextPart('recovered')])
+
+
+@needs_codec
+async def test_a12_a_recovering_hook_gets_the_recorded_error_on_replay() -> None:
+    journal = MemoryJournal()
+    primary = Flaky('primary answer')
+    agent = Agent(primary.model('primary'), name='hooked', capabilities=[Recovering(), Durable(journal=journal)])
+    assert (await run_once(agent))[0] == 'recovered'
+    primary.down = False
+    assert (await run_once(agent))[0] == 'recovered'
+    assert primary.calls == 1
+
+
+@pytest.mark.skipif(MODEL_ERRORS_RECORDED, reason='this pydantic-ai-slim has the model-error codec')
+async def test_a12_without_the_codec_a_failed_request_stays_unrecorded() -> None:
+    """The oldest supported release keeps its behaviour: the failed request is no step, and runs live again."""
+    journal = MemoryJournal()
+    primary = Flaky('primary answer')
+    agent = Agent(primary.model('primary'), name='hooked', capabilities=[Recovering(), Durable(journal=journal)])
+    output, first = await run_once(agent)
+    assert output == 'recovered'
+    assert first.stats.recorded['model'] == 0
+    primary.down = False
+    assert (await run_once(agent))[0] == 'primary answer'  # as before: the request was no step
+    assert primary.calls == 2
+
+
+# -- usage -----------------------------------------------------------------------------------------------------
+
+
+@needs_codec
+@needs_model_fallback
+async def test_a12_usage_of_a_replayed_error_is_nothing_and_the_totals_stay() -> None:
+    journal = MemoryJournal()
+    primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
+    agent = fallback_agent(journal, primary, backup)
+    async with execution('order-1') as first:
+        live = await agent.run('What is on order 1?')
+    assert live.usage.input_tokens == 7 and live.usage.output_tokens == 3
+    spent = first.usage.total
+    assert spent.requests == 2  # the failed request was sent, so it counts in the spend (U2-1)
+    assert (spent.input_tokens, spent.output_tokens) == (7, 3)  # it billed no tokens the package can see
+
+    primary.down = False
+    async with execution('order-1') as replay:
+        replayed = await agent.run('What is on order 1?')
+    assert replay.usage.attempt == RunUsage()  # the replay spent nothing
+    assert replay.usage.total == spent
+    assert replayed.usage == spent  # the earlier spend, and nothing of the replay on top (U2-2)
+
+
+# -- RetryOnModelErrors ----------------------------------------------------------------------------------------
+
+
+def retrying_agent(journal: MemoryJournal, model: Model, **retry: Any) -> Agent[None, str]:
+    assert RetryOnModelErrors is not None
+    return Agent(model, name='retrying', capabilities=[RetryOnModelErrors(**retry), Durable(journal=journal)])
+
+
+@needs_codec
+@needs_retry
+async def test_a13_retry_on_model_errors_replays_without_a_request_or_a_wait() -> None:
+    journal = MemoryJournal()
+    flaky = Flaky('answer after retries', failures_left=2)
+    agent = retrying_agent(journal, flaky.model('flaky'), max_attempts=3, initial_delay=5.0)
+    with counted_sleeps() as sleeps:
+        output, first = await run_once(agent)
+        assert output == 'answer after retries'
+        assert flaky.calls == 3
+        assert len(sleeps.delays) == 2  # the first attempt waited before each retry
+        assert first.stats.recorded['model'] == 3
+
+        flaky.failures_left = 5  # a live request would fail now
+        output, replay = await run_once(agent)
+    assert output == 'answer after retries'
+    assert flaky.calls == 3  # no live request
+    assert len(sleeps.delays) == 2  # and no wait
+    assert replay.stats.replayed['model'] == 3
+
+
+@needs_codec
+@needs_retry
+async def test_a13_a_crash_during_the_retries_waits_only_before_live_requests() -> None:
+    journal = MemoryJournal()
+    flaky = Flaky('answer after retries', failures_left=2)
+    agent = retrying_agent(journal, flaky.model('flaky'), max_attempts=4, initial_delay=5.0)
+    with counted_sleeps() as sleeps:
+        # two errors recorded, the third request not sent
+        with crash_at(kind='model', nth=3, point='before_body'), pytest.raises(SimulatedCrash):
+            await run_once(agent)
+        assert flaky.calls == 2 and len(sleeps.delays) == 2
+
+        output, _ = await run_once(agent)
+        assert output == 'answer after retries'
+        assert flaky.calls == 3  # the two recorded errors replayed; only the third request went out
+        assert len(sleeps.delays) == 3  # one wait, before that live request
+
+        output, _ = await run_once(agent)
+    assert output == 'answer after retries'
+    assert (flaky.calls, len(sleeps.delays)) == (3, 3)
+
+
+@needs_codec
+@needs_retry
+async def test_a13_retries_used_up_fail_the_run_and_the_next_attempt_retries_live() -> None:
+    journal = MemoryJournal()
+    flaky = Flaky('answer', failures_left=3)
+    agent = retrying_agent(journal, flaky.model('flaky'), max_attempts=2, initial_delay=1.0)
+    with counted_sleeps() as sleeps:
+        with pytest.raises(ModelHTTPError):
+            await run_once(agent)
+        assert flaky.calls == 2 and len(sleeps.delays) == 1
+
+        output, _ = await run_once(agent)  # fails once more (the third failure), then answers
+    assert output == 'answer'
+    assert flaky.calls == 4
+    assert len(sleeps.delays) == 2
