@@ -58,6 +58,8 @@ class ModelRequest(StepKind):
     """The spend snapshot that counts the live response, stored with the entry."""
     error: ModelAPIError | None = field(default=None, init=False)
     """The error the request failed with, live or as recorded: its outcome, raised once its step is done (A-12)."""
+    failing_from: int | None = field(default=None, init=False)
+    """Where the model steps that failed in a row up to this one began: a run the error fails is fenced there."""
 
     @classmethod
     async def of(
@@ -171,10 +173,13 @@ class ModelRequest(StepKind):
             active.ledger.credit_argument_matches(active.run, self.response, self.params)  # calls that replay
         return payload
 
-    def _failed(self, active: ActiveRun, step: Step) -> ModelAPIError:
-        """The recorded error, to raise, noted where the failures in a row began: a run it fails fences there (F-2).
+    def fails_from(self, error: BaseException) -> int | None:
+        return self.failing_from if error is self.error else None
 
-        So the next attempt sends every request of the failed streak again (a fallback's chain, or a retry's
+    def _failed(self, active: ActiveRun, step: Step) -> ModelAPIError:
+        """The recorded error, to raise, failing from where the failures in a row began (F-2 through `fails_from`).
+
+        A run it fails then sends every request of the failed streak again (a fallback's chain, or a retry's
         attempts, each with its full budget), instead of replaying its way into the same failure.
         """
         error = self.error
@@ -182,7 +187,7 @@ class ModelRequest(StepKind):
         active.sent_upto = self.start  # the request that follows sends the same messages again
         if active.failing_since is None:
             active.failing_since = step.position
-        step.failed(error, recorded=active.failing_since)
+        self.failing_from = active.failing_since
         return error
 
 
