@@ -10,9 +10,10 @@ a release has the feature and leave the rest as it is on the oldest supported re
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pydantic_ai.exceptions import ModelAPIError, UnexpectedModelBehavior
 
@@ -31,11 +32,12 @@ _Decode = Callable[['dict[str, Any]'], 'ModelAPIError | None']
 
 
 def _codec() -> tuple[_Encode, _Decode] | None:
+    """pydantic-ai's `encode_model_error` and `decode_model_error`, on a release that has them."""
     try:
-        from pydantic_ai.durable_exec._model_error_codec import decode_model_error, encode_model_error
+        module = importlib.import_module('pydantic_ai.durable_exec._model_error_codec')
     except ImportError:
         return None
-    return encode_model_error, decode_model_error
+    return cast(_Encode, module.encode_model_error), cast(_Decode, module.decode_model_error)
 
 
 _CODEC = _codec()
