@@ -11,7 +11,7 @@ older release a failed request stays unrecorded, as it always was there.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,13 +19,19 @@ from typing import Any
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.exceptions import ModelAPIError, ModelHTTPError, ModelUnavailableError, UnexpectedModelBehavior
+from pydantic_ai.exceptions import (
+    ModelAPIError,
+    ModelHTTPError,
+    ModelRateLimitError,
+    ModelUnavailableError,
+    UnexpectedModelBehavior,
+)
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
 from pydantic_ai.models import Model
 from pydantic_ai.models.fallback import FallbackModel
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import RunContext
-from pydantic_ai.usage import RequestUsage, RunUsage
+from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
 from pydantic_ai_durable import Durable, MemoryJournal, execution
 from pydantic_ai_durable._steps import MODEL_ERRORS_RECORDED
@@ -144,14 +150,29 @@ async def test_a12_model_fallback_replays_the_backup_answer_after_the_primary_re
 
 @needs_codec
 @needs_model_fallback
-async def test_a12_the_replayed_error_has_its_original_type_and_fields() -> None:
+@pytest.mark.parametrize(
+    'error',
+    [
+        pytest.param(
+            lambda: ModelHTTPError.for_category(
+                ModelRateLimitError,
+                status_code=429,
+                model_name='primary',
+                body={'error': {'code': 'rate_limit_exceeded'}},
+                provider_error_code='rate_limit_exceeded',
+                retry_after=2.5,
+            ),
+            id='categorized-http',
+        ),
+        pytest.param(lambda: ModelHTTPError(500, 'primary', body='upstream timed out'), id='plain-http'),
+        pytest.param(lambda: ModelAPIError('primary', 'connection reset'), id='api-error'),
+    ],
+)
+async def test_a12_the_replayed_error_has_its_original_type_and_fields(error: Callable[[], ModelAPIError]) -> None:
+    """What the fallback decides from reaches it on replay as it did live: same class, message and fields."""
     journal = MemoryJournal()
     seen: list[BaseException] = []
-
-    def rate_limited() -> Exception:
-        return ModelHTTPError(429, 'primary', body={'error': {'code': 'rate_limit_exceeded'}})
-
-    primary, backup = Flaky('primary answer', error=rate_limited), Flaky('backup answer', down=False)
+    primary, backup = Flaky('primary answer', error=error), Flaky('backup answer', down=False)
 
     def fall_back_on(error: Exception) -> bool:
         seen.append(error)
@@ -171,10 +192,12 @@ async def test_a12_the_replayed_error_has_its_original_type_and_fields() -> None
     assert (primary.calls, backup.calls) == (1, 1)
     live, replayed = seen
     assert replayed is not live
-    assert type(replayed) is type(live)  # a categorized HTTP error stays the same class (429: a rate limit)
-    assert isinstance(replayed, ModelHTTPError)
-    assert (replayed.status_code, replayed.model_name, replayed.body) == (429, 'primary', live.body)  # type: ignore[attr-defined]
+    assert type(replayed) is type(live)
     assert str(replayed) == str(live)
+    fields = ('model_name', 'status_code', 'provider_error_code', 'retry_after')
+    assert [getattr(replayed, name, None) for name in fields] == [getattr(live, name, None) for name in fields]
+    if isinstance(live.body, dict):  # type: ignore[attr-defined]
+        assert replayed.body == live.body  # type: ignore[attr-defined]
 
 
 @needs_codec
@@ -275,18 +298,26 @@ class ApplicationModelError(ModelHTTPError):
 
 @needs_codec
 @needs_model_fallback
-async def test_a12_an_error_the_codec_cannot_rebuild_is_not_recorded(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    ('error', 'named'),
+    [
+        pytest.param(lambda: ApplicationModelError(503, 'primary'), 'ApplicationModelError', id='application-subclass'),
+        pytest.param(lambda: ModelHTTPError(502, 'primary', body=b'\xff\xfe'), 'ModelHTTPError', id='body-not-utf8'),
+    ],
+)
+async def test_a12_an_error_the_codec_cannot_rebuild_is_not_recorded(
+    error: Callable[[], Exception], named: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Recording it would replay something else in its place: the request stays a live one, with a WARNING."""
     journal = MemoryJournal()
-    primary = Flaky('primary answer', error=lambda: ApplicationModelError(503, 'primary'))
+    primary = Flaky('primary answer', error=error)
     backup = Flaky('backup answer', down=False)
     agent = fallback_agent(journal, primary, backup)
     with caplog.at_level(logging.WARNING, logger='pydantic_ai_durable'):
         output, first = await run_once(agent)
     assert output == 'backup answer'
     assert first.stats.recorded['model'] == 1  # the backup's answer only
-    assert any(
-        'ApplicationModelError' in record.getMessage() and 'A-12' in record.getMessage() for record in caplog.records
-    )
+    assert any(f'with {named},' in record.getMessage() and 'A-12' in record.getMessage() for record in caplog.records)
 
     output, _ = await run_once(agent)  # the unrecorded request runs live again, into the same error
     assert output == 'backup answer'
@@ -349,6 +380,46 @@ async def test_a12_without_the_codec_a_failed_request_stays_unrecorded() -> None
     assert primary.calls == 2
 
 
+@needs_codec
+@needs_model_fallback
+async def test_a12_a_stream_that_failed_after_its_output_is_not_recorded() -> None:
+    """Its events went out already; pydantic-ai fails the run rather than fall back, and so does its retry."""
+    journal = MemoryJournal()
+    streams = 0
+
+    async def primary(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        nonlocal streams
+        streams += 1
+        yield 'a partial answer '
+        raise overloaded()
+
+    async def backup(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        yield 'backup answer'  # pragma: no cover
+
+    async def handler(ctx: RunContext[Any], events: AsyncIterable[Any]) -> None:
+        async for _ in events:
+            pass
+
+    assert ModelFallback is not None
+    agent = Agent(
+        FunctionModel(stream_function=primary, model_name='primary'),
+        name='streamed',
+        capabilities=[
+            ModelFallback('backup'),
+            Durable(
+                journal=journal,
+                models={'backup': FunctionModel(stream_function=backup, model_name='backup')},
+                event_stream_handler=handler,
+            ),
+        ],
+    )
+    for attempt in (1, 2):
+        with pytest.raises(ModelHTTPError):
+            await run_once(agent)
+        assert streams == attempt
+    assert (await journal.read_run('order-1', '0')).entries == {}
+
+
 # -- usage -----------------------------------------------------------------------------------------------------
 
 
@@ -371,6 +442,22 @@ async def test_a12_usage_of_a_replayed_error_is_nothing_and_the_totals_stay() ->
     assert replay.usage.attempt == RunUsage()  # the replay spent nothing
     assert replay.usage.total == spent
     assert replayed.usage == spent  # the earlier spend, and nothing of the replay on top (U2-2)
+
+
+@needs_codec
+@needs_model_fallback
+async def test_a12_a_request_limit_the_first_attempt_kept_lets_its_replay_through() -> None:
+    """pydantic-ai counts the fallback's step once; the replay's credit covers it (it used to send the request live)."""
+    journal = MemoryJournal()
+    primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
+    agent = fallback_agent(journal, primary, backup)
+    limits = UsageLimits(request_limit=2)
+    for _ in range(3):
+        async with execution('order-1'):
+            result = await agent.run('What is on order 1?', usage_limits=limits)
+        assert result.output == 'backup answer'
+        primary.down = False
+    assert (primary.calls, backup.calls) == (1, 1)
 
 
 # -- RetryOnModelErrors ----------------------------------------------------------------------------------------
