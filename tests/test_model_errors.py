@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -33,7 +33,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import RunContext
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
-from pydantic_ai_durable import Durable, MemoryJournal, execution
+from pydantic_ai_durable import Durable, MemoryJournal, execution, recorded_messages
 from pydantic_ai_durable._steps import MODEL_ERRORS_RECORDED
 from pydantic_ai_durable.testing import SimulatedCrash, crash_at
 
@@ -526,3 +526,22 @@ async def test_a13_retries_used_up_fail_the_run_and_the_next_attempt_retries_liv
     assert output == 'answer'
     assert flaky.calls == 4
     assert len(sleeps.delays) == 2
+
+
+@needs_codec
+@needs_model_fallback
+async def test_a12_the_recorded_conversation_leaves_the_failed_request_out() -> None:
+    """A failed request added nothing to the conversation (XP-5): the run reads back as the live run's history.
+
+    Less the answering response's `failed_attempts`, which pydantic-ai attaches after the step returned it, so
+    the recorded response never held them (as before A-12).
+    """
+    journal = MemoryJournal()
+    primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
+    agent = fallback_agent(journal, primary, backup)
+    async with execution('order-1'):
+        live = await agent.run('What is on order 1?')
+    recorded = await recorded_messages(journal, 'order-1')
+    history = live.all_messages()
+    assert history[-1].failed_attempts  # type: ignore[union-attr]
+    assert recorded == [replace(m, failed_attempts=None) if isinstance(m, ModelResponse) else m for m in history]
