@@ -35,6 +35,7 @@ from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
 from pydantic_ai_durable import Durable, MemoryJournal, execution, recorded_messages
 from pydantic_ai_durable._steps import MODEL_ERRORS_RECORDED
+from pydantic_ai_durable._steps import _model_errors as model_errors
 from pydantic_ai_durable.testing import SimulatedCrash, crash_at
 
 try:
@@ -545,3 +546,19 @@ async def test_a12_the_recorded_conversation_leaves_the_failed_request_out() -> 
     history = live.all_messages()
     assert history[-1].failed_attempts  # type: ignore[union-attr]
     assert recorded == [replace(m, failed_attempts=None) if isinstance(m, ModelResponse) else m for m in history]
+
+
+@needs_codec
+@needs_model_fallback
+async def test_a12_a_recorded_error_this_release_cannot_rebuild_runs_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read where pydantic-ai has no codec (a downgrade): the entry no longer loads, so the request runs live (X-1)."""
+    journal = MemoryJournal()
+    primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
+    agent = fallback_agent(journal, primary, backup)
+    assert (await run_once(agent))[0] == 'backup answer'
+    monkeypatch.setattr(model_errors, '_CODEC', None)
+    primary.down = False
+    output, retry = await run_once(agent)
+    assert output == 'primary answer'
+    assert primary.calls == 2
+    assert [d.reason for d in retry.stats.divergences] == ['recorded result no longer loads']

@@ -95,7 +95,7 @@ class ModelRequest(StepKind):
     def decode(self, payload: object) -> object:
         try:
             return _decoded_response(payload, self.decoder)  # rejected if it no longer loads
-        except ValueError:
+        except (TypeError, ValueError):
             error = recorded_error(payload)  # a recorded failure holds no response
             if error is None:
                 raise
