@@ -48,8 +48,9 @@ class ActiveRun:
     sent_upto: int = 0
     """How many messages of the history the run's model requests have recorded so far, with their
     responses: the next request records only what follows."""
-    failing_since: int | None = None
-    """The position of the first of the model steps that failed in a row up to now (A-12), `None` after an answer."""
+    failed_streak: tuple[int, int] | None = None
+    """The first and last positions of the latest model steps whose recorded outcome is an error, one after
+    another (A-12): a run the last one fails is fenced at the first."""
     deferred_tools: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     """The tool metadata of each call the run was asked to decide, by call id: its record lists it."""
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent
+from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import (
     ModelAPIError,
@@ -26,7 +26,7 @@ from pydantic_ai.exceptions import (
     ModelUnavailableError,
     UnexpectedModelBehavior,
 )
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models import Model
 from pydantic_ai.models.fallback import FallbackModel
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -562,3 +562,42 @@ async def test_a12_a_recorded_error_this_release_cannot_rebuild_runs_live(monkey
     assert output == 'primary answer'
     assert primary.calls == 2
     assert [d.reason for d in retry.stats.divergences] == ['recorded result no longer loads']
+
+
+class RecoversTheFirst(AbstractCapability[Any]):
+    """Answers a failed first request with a tool call; a later failure goes through."""
+
+    async def on_model_request_error(
+        self, ctx: RunContext[Any], *, request_context: Any, error: Exception
+    ) -> ModelResponse:
+        if len(request_context.messages) > 1:
+            raise error
+        return ModelResponse(parts=[ToolCallPart('lookup', {'order': 1}, tool_call_id='l1')])
+
+
+@needs_codec
+async def test_a12_a_step_between_two_failures_ends_the_streak_the_fence_starts_from() -> None:
+    """The run failed at its second request: the retry replays the first failure and the tool, sends only that one."""
+    journal = MemoryJournal()
+    primary = Flaky('primary answer')
+    looked_up: list[int] = []
+
+    def lookup(order: int) -> str:
+        looked_up.append(order)
+        return 'order 1: two books'
+
+    agent = Agent(
+        primary.model('primary'),
+        name='hooked',
+        toolsets=[FunctionToolset([lookup], id='orders')],
+        capabilities=[RecoversTheFirst(), Durable(journal=journal)],
+    )
+    with pytest.raises(ModelHTTPError):
+        await run_once(agent)
+    assert (primary.calls, looked_up) == (2, [1])
+
+    primary.down = False
+    output, retry = await run_once(agent)
+    assert output == 'primary answer'
+    assert (primary.calls, looked_up) == (3, [1])  # the failed request at 0 and the tool call replayed
+    assert retry.stats.replayed == {'model': 1, 'tool': 1}

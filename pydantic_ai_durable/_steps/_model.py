@@ -106,7 +106,6 @@ class ModelRequest(StepKind):
         if self.error is not None:
             raise self._failed(active, step)  # pydantic-ai counted nothing for it, so the ledger has nothing to do
         decoded, response = cast('tuple[object, ModelResponse]', value)
-        active.failing_since = None
         ledger = active.ledger
         # The response handed on is the one priced here (U-3), so pydantic-ai does not price it again.
         ledger.record_model_replay(response, continuation=self.continuation)
@@ -167,7 +166,6 @@ class ModelRequest(StepKind):
     def finished(self, active: ActiveRun, step: Step, payload: object) -> object:
         if self.error is not None:
             raise self._failed(active, step)
-        active.failing_since = None
         if self.response is not None:
             active.ledger.track_chain(self.response, self.params)
             active.ledger.credit_argument_matches(active.run, self.response, self.params)  # calls that replay
@@ -180,14 +178,17 @@ class ModelRequest(StepKind):
         """The recorded error, to raise, failing from where the failures in a row began (F-2 through `fails_from`).
 
         A run it fails then sends every request of the failed streak again (a fallback's chain, or a retry's
-        attempts, each with its full budget), instead of replaying its way into the same failure.
+        attempts, each with its full budget), instead of replaying its way into the same failure. The streak
+        is the failed model steps at consecutive positions: any other step between them ends it.
         """
         error = self.error
         assert error is not None
         active.sent_upto = self.start  # the request that follows sends the same messages again
-        if active.failing_since is None:
-            active.failing_since = step.position
-        self.failing_from = active.failing_since
+        position = step.position
+        streak = active.failed_streak
+        first = streak[0] if streak is not None and streak[1] == position - 1 else position
+        active.failed_streak = (first, position)
+        self.failing_from = first
         return error
 
 
