@@ -601,3 +601,39 @@ async def test_a12_a_step_between_two_failures_ends_the_streak_the_fence_starts_
     assert output == 'primary answer'
     assert (primary.calls, looked_up) == (3, [1])  # the failed request at 0 and the tool call replayed
     assert retry.stats.replayed == {'model': 1, 'tool': 1}
+
+
+@needs_codec
+@needs_retry
+async def test_a13_a_delegate_run_replayed_inside_a_live_tool_does_not_wait_again() -> None:
+    """The tool crashed after its delegate finished: the rerun runs the tool, whose delegate replays, without waits."""
+    journal = MemoryJournal()
+    flaky = Flaky('the delegate answer', failures_left=1)
+    delegate = retrying_agent(journal, flaky.model('delegate'), max_attempts=2, initial_delay=5.0)
+    asked: list[str] = []
+
+    async def ask_delegate(question: str) -> str:
+        asked.append(question)
+        return (await delegate.run(question)).output
+
+    def parent_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[ToolCallPart('ask_delegate', {'question': 'what?'}, tool_call_id='d1')])
+        return ModelResponse(parts=[TextPart('parent: done')])
+
+    parent = Agent(
+        FunctionModel(parent_model, model_name='parent'),
+        name='parent',
+        toolsets=[FunctionToolset([ask_delegate], id='delegation')],
+        capabilities=[Durable(journal=journal)],
+    )
+    with counted_sleeps() as sleeps:
+        with crash_at(kind='tool', name='ask_delegate', point='after_body'), pytest.raises(SimulatedCrash):
+            await run_once(parent)
+        assert (flaky.calls, len(sleeps.delays), asked) == (2, 1, ['what?'])
+
+        flaky.failures_left = 5
+        assert (await run_once(parent))[0] == 'parent: done'
+        assert len(asked) == 2  # the tool ran again: it was never recorded
+        assert flaky.calls == 2  # its delegate replayed both of its requests
+        assert len(sleeps.delays) == 1  # and did not wait between them again

@@ -32,8 +32,10 @@ def replayed_waits(active: ActiveRun) -> AbstractContextManager[None]:
 def _sleep(active: ActiveRun, outer: Callable[[float], Awaitable[None]] | None) -> Callable[[float], Awaitable[None]]:
     async def sleep(seconds: float) -> None:
         run = active.run
-        # Only the run's own waits: one inside a live step's body (a nested agent's) belongs to that body.
-        if current_step() is None and run.peek(run.next_position) is not None:
+        # Only the run's own waits: one inside a live step's body of this run (an agent the step runs without
+        # a `Durable` of its own) belongs to that body.
+        step = current_step()
+        if (step is None or step.run is not run) and run.peek(run.next_position) is not None:
             return  # the attempt that recorded the next step waited before it
         if outer is not None:
             await outer(seconds)
