@@ -4,8 +4,8 @@ waited again (A-13).
 Every test checks the invariant of a durable run: once an execution finished, running it again returns its
 recorded output with no live model request and no wait, whatever the models would answer now. The
 capabilities that recover from a failed request in the same run step (`ModelFallback`, `RetryOnModelErrors`)
-exist from pydantic-ai-slim 2.7x on, as does the model-error codec the recorded error is written with; on an
-older release a failed request stays unrecorded, as it always was there.
+are in pydantic-ai-slim 2.78 and not in 2.62, and so is the model-error codec the recorded error is written
+with; on 2.62 a failed request stays unrecorded, as it always was there.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pydantic_ai_durable.testing import SimulatedCrash, crash_at
 
 try:
     from pydantic_ai.capabilities import ModelFallback
-except ImportError:  # pydantic-ai-slim before 2.7x
+except ImportError:  # pydantic-ai-slim 2.62
     ModelFallback = None  # type: ignore[assignment,misc]
 try:
     from pydantic_ai.capabilities import RetryOnModelErrors
@@ -51,14 +51,14 @@ pytestmark = pytest.mark.anyio
 
 needs_codec = pytest.mark.skipif(
     not MODEL_ERRORS_RECORDED,
-    reason='this pydantic-ai-slim has no model-error codec (pydantic_ai.durable_exec._model_error_codec, 2.7x on): '
+    reason='this pydantic-ai-slim has no model-error codec (pydantic_ai.durable_exec._model_error_codec, in 2.78): '
     'a failed model request stays unrecorded, as on every release before it (A-12)',
 )
 needs_model_fallback = pytest.mark.skipif(
-    ModelFallback is None, reason='this pydantic-ai-slim has no ModelFallback capability (2.7x on)'
+    ModelFallback is None, reason='this pydantic-ai-slim has no ModelFallback capability (2.78 has it)'
 )
 needs_retry = pytest.mark.skipif(
-    RetryOnModelErrors is None, reason='this pydantic-ai-slim has no RetryOnModelErrors capability (2.7x on)'
+    RetryOnModelErrors is None, reason='this pydantic-ai-slim has no RetryOnModelErrors capability (2.78 has it)'
 )
 
 

@@ -3,9 +3,9 @@
 `ModelFallback`, `RetryOnModelErrors` and `on_model_request_error` hooks decide what a run does next from the
 error a request raised, inside the same run step. So the error is the request's outcome, like a response: a
 replay must raise it again, with its original type, instead of sending the request live (A-12). pydantic-ai
-encodes such an error for durable engines (`durable_exec._model_error_codec`, 2.7x on); on a release without
-it nothing is recorded, as on every release before, since the rule is to keep pydantic-ai's contract where
-a release has the feature and leave the rest as it is on the oldest supported release.
+encodes such an error for durable engines (`durable_exec._model_error_codec`: 2.78 has it, 2.62 not); on a
+release without it nothing is recorded, as on every release before, since the rule is to keep pydantic-ai's
+contract where a release has the feature and leave the rest as it is on the oldest supported release.
 """
 
 from __future__ import annotations
