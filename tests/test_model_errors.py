@@ -33,7 +33,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import RunContext
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
-from pydantic_ai_durable import Durable, MemoryJournal, execution, recorded_messages
+from pydantic_ai_durable import Durable, Journal, MemoryJournal, execution, recorded_messages
 from pydantic_ai_durable._steps import MODEL_ERRORS_RECORDED
 from pydantic_ai_durable._steps import _model_errors as model_errors
 from pydantic_ai_durable.testing import SimulatedCrash, crash_at
@@ -92,7 +92,7 @@ class Flaky:
         return FunctionModel(respond, model_name=name)
 
 
-def fallback_agent(journal: MemoryJournal, primary: Flaky, backup: Flaky) -> Agent[None, str]:
+def fallback_agent(journal: Journal, primary: Flaky, backup: Flaky) -> Agent[None, str]:
     """The primary model with a `ModelFallback` to the backup, which `Durable` knows by the name `backup`."""
     assert ModelFallback is not None
     backup_model = backup.model('backup')
@@ -147,6 +147,20 @@ async def test_a12_model_fallback_replays_the_backup_answer_after_the_primary_re
     assert (primary.calls, backup.calls) == (1, 1)  # zero live requests to either model
     assert replay.stats.replayed['model'] == 2 and replay.stats.recorded['model'] == 0
     assert sleeps.delays == []
+
+
+@needs_codec
+@needs_model_fallback
+async def test_a12_the_recorded_error_replays_from_every_backend(new_journal: Callable[[], Journal]) -> None:
+    """Each attempt opens the journal anew, as another process would: the error is read back from the store."""
+    primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
+    assert (await run_once(fallback_agent(new_journal(), primary, backup)))[0] == 'backup answer'
+    primary.down = False
+    for _ in range(2):
+        output, replay = await run_once(fallback_agent(new_journal(), primary, backup))
+        assert output == 'backup answer'
+        assert replay.stats.replayed['model'] == 2
+    assert (primary.calls, backup.calls) == (1, 1)
 
 
 @needs_codec
