@@ -5,9 +5,9 @@ no public counterpart: `BaseDurabilityCapability._resolve_model_for_request` run
 `resolve_model_id` chain, which the package must not copy, because a request fingerprinted against another
 model than the one that answers it could replay a wrong answer. And a function toolset a
 capability contributes without an id (pydantic-ai-harness's `AskUser`) is given its capability's id, the
-name pydantic-ai's durable layer asks for, since there is no public way to name it. The sleep the agent
-graph waits with is read, where the release keeps it where 2.62 to 2.78 do, so a wait the package lets through
-still goes to a sleep the application installed (A-13).
+name pydantic-ai's durable layer asks for, since there is no public way to name it. Last, the sleep an
+application installed for the agent graph's waits is read (2.62 and 2.78 keep it in the same private
+variable), so a wait the package does not skip still goes to it (A-13).
 """
 
 from __future__ import annotations

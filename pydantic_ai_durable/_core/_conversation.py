@@ -46,7 +46,6 @@ async def recorded_conversation(journal: Journal, key: str, *, run: str = '0', u
         payload = parsed['payload']
         if isinstance(payload, dict) and MODEL_ERROR in payload:
             continue  # a request that failed: it added nothing, and the request after it sends the same
-
         sent = parsed.get('sent')
         start = sent.get('from') if isinstance(sent, dict) else None
         if type(start) is not int or not isinstance(sent.get('messages'), list):  # type: ignore[union-attr]

@@ -226,8 +226,8 @@ class RunWriter:
         if fence == meta.diverge_from:
             return meta
         lifted = RunMeta(fence, max(meta.high_water, next_position), meta.model_at_fault and fence is not None)
-        stored = {'diverge_from': lifted.diverge_from, 'high_water': lifted.high_water}
-        await self.write_record('meta', {**stored, 'model_at_fault': lifted.model_at_fault})  # refused: it stays
+        record = {'diverge_from': fence, 'high_water': lifted.high_water, 'model_at_fault': lifted.model_at_fault}
+        await self.write_record('meta', record)  # a refused write leaves the fence where it was
         return lifted
 
     async def fail(
