@@ -48,6 +48,9 @@ class ActiveRun:
     sent_upto: int = 0
     """How many messages of the history the run's model requests have recorded so far, with their
     responses: the next request records only what follows."""
+    failed_streak: tuple[int, int] | None = None
+    """The first and last positions of the latest model steps whose recorded outcome is an error, one after
+    another (A-16): a run the last one fails is fenced at the first."""
     deferred_tools: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     """The tool metadata of each call the run was asked to decide, by call id: its record lists it."""
     deferred_at: dict[str, int] = field(default_factory=dict)

@@ -44,10 +44,10 @@ async def answered(journal: Journal, key: str, decisions: Mapping[str, CallDecis
     if not any(decision.kind == 'result' for decision in decisions.values()):
         return checked
     calls: dict[str, DeferredCall] = {}
-    for call in await pending_calls(journal, key, decided=True):  # oldest first: a pending call wins (WT-7)
-        for name in (call.call_id, call.ref):
-            if call.pending or name not in calls or not calls[name].pending:
-                calls[name] = call
+    for recorded in await pending_calls(journal, key, decided=True):  # oldest first: a pending call wins (WT-7)
+        for name in (recorded.call_id, recorded.ref):
+            if recorded.pending or name not in calls or not calls[name].pending:
+                calls[name] = recorded
     for call_id, decision in decisions.items():
         call = calls.get(call_id)
         if decision.kind != 'result' or call is None:

@@ -40,6 +40,7 @@ from ._steps import (
     note_run_end,
     opted_out_toolsets,
     recorded_decisions,
+    replayed_waits,
 )
 from ._tracing import traced_run
 from ._usage import ReplayUsageLedger, RunSpend
@@ -213,7 +214,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
             return await super().wrap_run(ctx, handler=handler)
         start = fingerprint_run_start(ctx.prompt, ctx.messages, secrets=self.secrets)
         journal = attempt.journal_for(self.journal)
-        key = self._numbered.pop((attempt.key, ctx.run_id), '')  # A-14: numbered when its id was given
+        key = self._numbered.pop((attempt.key, ctx.run_id or ''), '')  # A-14: numbered when its id was given
         run = await attempt.start_run(journal, start=start, on_divergence=self.on_divergence, key=key)
         spend = RunSpend(run)
         ctx.usage.incr(spend.earlier)  # U2-2: earlier attempts' spend counts before the first limit check
@@ -222,7 +223,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         active = ActiveRun(run, ledger, fingerprinter, spend, self.secrets, resolve_model=self._request_model)
         track_spend(spend)
         ledger.credit_first_replay(run)
-        with activated(self, active):
+        with activated(self, active), replayed_waits(active):  # A-17
             try:
                 with traced_run(run, ctx.capabilities, lambda: spend.attempt):
                     result = await super().wrap_run(ctx, handler=handler)  # A-12: the base's duties, inherited
@@ -236,6 +237,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
                 raise
             finally:
                 ledger.settle()
+        await run.succeeded()  # F-10: what it recorded again after a failed attempt replays from now on
         waits = note_run_end(active, result, wait_timeout=self.wait_timeout)
         if attempt.cleanup == 'run' and not waits:
             await attempt.cleanup_run(run)

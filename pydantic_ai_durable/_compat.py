@@ -5,15 +5,18 @@ no public counterpart: `BaseDurabilityCapability._resolve_model_for_request` run
 `resolve_model_id` chain, which the package must not copy, because a request fingerprinted against another
 model than the one that answers it could replay a wrong answer. And a function toolset a
 capability contributes without an id (pydantic-ai-harness's `AskUser`) is given its capability's id, the
-name pydantic-ai's durable layer asks for, since there is no public way to name it.
+name pydantic-ai's durable layer asks for, since there is no public way to name it. Last, the sleep an
+application installed for the agent graph's waits is read (2.62 and 2.78 keep it in the same private
+variable), so a wait the package does not skip still goes to it (A-17).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
 
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec
@@ -28,6 +31,7 @@ __all__ = (
     'PRIVATE_HOOKS',
     'TESTED_PYDANTIC_AI',
     'check_private_hooks',
+    'graph_sleep',
     'in_pydantic_ai_unit',
     'name_capability_toolsets',
     'resolve_request_model',
@@ -36,20 +40,24 @@ __all__ = (
 TESTED_PYDANTIC_AI = '2.62 to 2.78'
 """The pydantic-ai-slim releases CI runs the test suite against (docs/compatibility.md)."""
 
-CANCELLATION_TOKENS_ACCEPTED: dict[str, bool] = (
+CANCELLATION_TOKENS_ACCEPTED: dict[str, Any] = (
     {'accepts_cancellation_token': True}
     if 'accepts_cancellation_token' in getattr(DurabilityEngineSpec, '__dataclass_fields__', {})
     else {}
 )
 """`engine_spec`'s cancellation-token policy, on the releases whose spec declares one (A-12); empty on 2.62."""
 
-try:  # pydantic-ai 2.7x: the flag its own operation backend sets around a unit's body
-    from pydantic_ai._run_context import in_durable_unit as _pydantic_ai_unit_flag
-except ImportError:  # pragma: no cover - older releases keep it in the durable package
-    try:
-        from pydantic_ai.durable_exec._operation_backend import in_durable_unit as _pydantic_ai_unit_flag
-    except ImportError:
-        _pydantic_ai_unit_flag = None
+
+def _unit_flag() -> Callable[[], bool] | None:
+    """pydantic-ai's flag for a unit its own backend runs: in `_run_context` on 2.7x, in the durable package before."""
+    for module in ('pydantic_ai._run_context', 'pydantic_ai.durable_exec._operation_backend'):
+        flag = getattr(importlib.import_module(module), 'in_durable_unit', None)
+        if callable(flag):
+            return cast('Callable[[], bool]', flag)
+    return None  # pragma: no cover - every supported release has one of the two
+
+
+_pydantic_ai_unit_flag = _unit_flag()
 
 
 def in_pydantic_ai_unit() -> bool:
@@ -132,3 +140,16 @@ def name_capability_toolsets(toolsets: Sequence[AbstractToolset[Any]]) -> None:
         if toolset.id is None and isinstance(name, str) and name not in taken:
             toolset._id = name  # pyright: ignore[reportPrivateUsage]
             taken.add(name)
+
+
+def graph_sleep() -> Callable[[float], Awaitable[None]] | None:
+    """The sleep installed for the agent graph's waits (`Agent.using_sleep`), or `None` for pydantic-ai's default.
+
+    Read from pydantic-ai's private context variable, where every supported release keeps it; a release that
+    moved it reads as "none installed", so a wait then uses `anyio.sleep` as pydantic-ai's default does.
+    """
+    from pydantic_ai import _agent_graph
+
+    current = getattr(_agent_graph, '_AGENT_GRAPH_SLEEP', None)
+    sleep = current.get() if current is not None else None
+    return cast('Callable[[float], Awaitable[None]] | None', sleep)

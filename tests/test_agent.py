@@ -405,6 +405,24 @@ async def test_f4_model_at_fault_re_asks_only_the_last_request(new_journal: Any)
     assert handle.stats.replayed['model'] == 2
 
 
+async def test_f10_a_finished_execution_replays_past_the_fence_of_the_failed_attempt(new_journal: Any) -> None:
+    """The attempt after the failure re-asked the model from the fence and finished: from then on, all replays."""
+    calls = Calls()
+    with pytest.raises(UnexpectedModelBehavior):
+        async with execution('c33'):
+            await validated_agent(new_journal(), calls, valid=False).run('q')
+    async with execution('c33'):
+        assert (await validated_agent(new_journal(), calls, valid=True).run('q')).output == 'good'
+    assert calls['model'] == 4
+    meta = (await new_journal().read_run('c33', '0')).records['meta']
+    assert meta['diverge_from'] is None and meta['model_at_fault'] is False
+    for _ in range(2):
+        async with execution('c33') as handle:
+            assert (await validated_agent(new_journal(), calls, valid=True).run('q')).output == 'good'
+        assert calls['model'] == 4 and calls['tool'] == 1  # no live request, no live tool call
+        assert handle.stats.replayed == {'model': 3, 'tool': 1}  # the bad answer the output check retried, too
+
+
 async def test_f4_exhausted_tool_retries_fence_at_the_last_model_step(new_journal: Any) -> None:
     calls = Calls()
 

@@ -991,6 +991,89 @@ async def test_f2_wrapped_error_is_traced_through_its_cause_and_context(backend_
     await second.finish(None)
 
 
+async def test_f2_a_member_of_an_exception_group_is_traced(backend_journal: Journal) -> None:
+    """A fallback that ran out of models raises a group of their errors: the fence goes to the first one's step."""
+    j = backend_journal
+    bodies = Bodies()
+    first = make_attempt(j)
+    run = await first.start_run(j)
+    await bodies.run(run, 'before')
+    primary, backup = RuntimeError('primary failed'), RuntimeError('backup failed')
+    for name, error in (('primary', primary), ('backup', backup)):
+        with pytest.raises(RuntimeError):
+            await bodies.run(run, name, raises=error)
+        await bodies.run(run, f'{name}_handled')
+    await run.fail(ExceptionGroup('every model failed', [primary, backup]), model_at_fault=False)
+    await first.finish(RuntimeError('attempt failed'))
+    assert (await meta_of(j) or {})['diverge_from'] == 2  # where `primary` was noted: the run's next position
+
+
+async def test_f2_a_recorded_outcome_is_noted_where_its_failures_began(backend_journal: Journal) -> None:
+    """A model error recorded as its step's outcome fences the streak it ended, so the next attempt sends it all."""
+    j = backend_journal
+    bodies = Bodies()
+    first = make_attempt(j)
+    run = await first.start_run(j)
+    await bodies.run(run, 'answer', kind='model')
+    errors = [RuntimeError('first failure'), RuntimeError('second failure')]
+    for error in errors:
+        step = await bodies.run(run, 'request', {'model_error': str(error)}, kind='model')
+        step.failed(error, recorded=1)  # the streak began at position 1
+    await run.fail(errors[-1], model_at_fault=False)
+    await first.finish(errors[-1])
+    assert (await meta_of(j) or {})['diverge_from'] == 1
+
+    second = make_attempt(j)
+    run = await second.start_run(j)
+    steps = [run.claim(name, 'model', 'fp') for name in ('answer', 'request', 'request')]
+    await second.finish(None)
+    assert [s.replayed for s in steps] == [True, False, False]
+
+
+async def test_f10_a_run_that_succeeds_moves_its_fence_past_what_it_recorded_again(backend_journal: Journal) -> None:
+    j = backend_journal
+    bodies = Bodies()
+    first = make_attempt(j)
+    run = await first.start_run(j)
+    await bodies.run(run, 'a')
+    error = RuntimeError('b failed')
+    with pytest.raises(RuntimeError):
+        await bodies.run(run, 'b', raises=error)
+    for name in ('c', 'd', 'e'):
+        await bodies.run(run, name)
+    await run.fail(error, model_at_fault=False)
+    await first.finish(error)
+    assert (await meta_of(j) or {})['diverge_from'] == 2
+
+    second = make_attempt(j)  # goes as far as `d` again, and ends without an exception
+    run = await second.start_run(j)
+    for name in ('a', 'b', 'c', 'd'):
+        await bodies.run(run, name)
+    await run.succeeded()
+    await second.finish(None)
+    assert await meta_of(j) == {'v': 1, 'diverge_from': 4, 'high_water': 5, 'model_at_fault': False}
+
+    third = make_attempt(j)
+    run = await third.start_run(j)
+    steps = [await bodies.run(run, name) for name in ('a', 'b', 'c', 'd', 'e')]
+    await run.succeeded()
+    await third.finish(None)
+    assert [s.replayed for s in steps] == [True, True, True, True, False]  # `e` is still the failed attempt's
+    assert await meta_of(j) == {'v': 1, 'diverge_from': None, 'high_water': 5, 'model_at_fault': False}
+    assert bodies.calls == Counter(a=1, b=2, c=2, d=2, e=2)
+
+
+async def test_f10_a_run_without_a_fence_writes_nothing_when_it_succeeds(backend_journal: Journal) -> None:
+    j = backend_journal
+    bodies = Bodies()
+    attempt = make_attempt(j)
+    run = await attempt.start_run(j)
+    await bodies.run(run, 'a')
+    await run.succeeded()
+    await attempt.finish(None)
+    assert await meta_of(j) is None
+
+
 @pytest.mark.parametrize('ending', ['fails', 'killed'])
 async def test_f3_killed_while_replaying_keeps_progress(backend_journal: Journal, ending: str) -> None:
     j = backend_journal

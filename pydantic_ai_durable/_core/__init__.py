@@ -19,7 +19,7 @@ from ._conversation import recorded_conversation
 from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits, parse_document, snapshot_from_document
 from ._fences import RunMeta
 from ._import import ImportReport, write_snapshot
-from ._records import ENTRY_VERSION, Kind, latest_spend, missing_links, parse_entry, run_order, spend_cost
+from ._records import ENTRY_VERSION, MODEL_ERROR, Kind, latest_spend, missing_links, parse_entry, run_order, spend_cost
 from ._rekey import RekeyReport, rekey
 from ._resolve import Resolution, call_json, deny_overdue, describe, pending_calls, resolve_calls, set_dispatcher
 from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata, check_same_work
@@ -39,6 +39,7 @@ __all__ = (
     'EXPORT_VERSION',
     'FROM_JOURNAL',
     'METADATA_LIMIT',
+    'MODEL_ERROR',
     'STEP_OBSERVER',
     'Attempt',
     'CleanupMode',

@@ -11,7 +11,7 @@ from typing import Any
 
 from .._errors import EncryptionMismatch
 from ..journals import SEALED, Journal
-from ._records import parse_entry
+from ._records import MODEL_ERROR, parse_entry
 
 __all__ = ('recorded_conversation',)
 
@@ -43,6 +43,9 @@ async def recorded_conversation(journal: Journal, key: str, *, run: str = '0', u
         parsed = parse_entry(entry)
         if parsed is None or parsed['kind'] != 'model':
             continue
+        payload = parsed['payload']
+        if isinstance(payload, dict) and MODEL_ERROR in payload:
+            continue  # a request that failed: it added nothing, and the request after it sends the same
         sent = parsed.get('sent')
         start = sent.get('from') if isinstance(sent, dict) else None
         if type(start) is not int or not isinstance(sent.get('messages'), list):  # type: ignore[union-attr]

@@ -10,13 +10,13 @@ be journaled leaves a fence of its own at its position. The rules are here; the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .._errors import JournalError
 
-__all__ = ('ErrorNotes', 'RunMeta', 'honour_unjournalable', 'next_meta')
+__all__ = ('ErrorNotes', 'RunMeta', 'honour_unjournalable', 'lifted_fence', 'next_meta')
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -55,18 +55,25 @@ class ErrorNotes:
             self._notes[id(error)] = (error, next_position)
 
     def failed_at(self, error: BaseException, next_position: int) -> tuple[int, bool]:
-        """F-2: the next position at failure, lowered to where a step raised this error or its cause."""
+        """F-2: the next position at failure, lowered to where a step raised this error, its cause or a member."""
         failed_at = next_position
         raised_by_step = False
         seen: set[int] = set()
-        current: BaseException | None = error
-        while current is not None and id(current) not in seen:
+        pending: list[BaseException] = [error]
+        while pending:
+            current = pending.pop()
+            if id(current) in seen:
+                continue
             seen.add(id(current))
             noted = self._notes.get(id(current))
             if noted is not None and noted[0] is current:
                 failed_at = min(failed_at, noted[1])
                 raised_by_step = True
-            current = current.__cause__ or current.__context__
+            below = current.__cause__ or current.__context__
+            if below is not None:
+                pending.append(below)
+            if isinstance(current, BaseExceptionGroup):  # every model a fallback tried failed (A-16)
+                pending.extend(current.exceptions)
         return failed_at, raised_by_step
 
 
@@ -107,6 +114,18 @@ def next_meta(
         'high_water': max(previous.high_water, next_position),
         'model_at_fault': flag,
     }
+
+
+def lifted_fence(meta: RunMeta, recorded: Iterable[int], saved: Container[int]) -> int | None:
+    """F-10: the first position at or past the fence whose entry is still a failed attempt's, or `None`.
+
+    `recorded` are the positions the run found recorded when it started, `saved` those it wrote since: an
+    entry it wrote again is its own, which it reached without failing, so the next attempt may replay it.
+    """
+    fence = meta.diverge_from
+    if fence is None:
+        return None
+    return min((position for position in recorded if position >= fence and position not in saved), default=None)
 
 
 def honour_unjournalable(

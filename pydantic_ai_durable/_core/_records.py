@@ -19,6 +19,7 @@ __all__ = (
     'ENTRY_VERSION',
     'IMPORTING',
     'KINDS',
+    'MODEL_ERROR',
     'Kind',
     'check_not_importing',
     'is_importing',
@@ -39,6 +40,9 @@ KINDS: tuple[Kind, ...] = ('model', 'tool', 'other')
 
 ENTRY_VERSION = 1
 """Format version written into every entry, run record and execution record."""
+
+MODEL_ERROR = 'model_error'
+"""The key of a model step's payload that records the error its request failed with (A-16); no response has it."""
 
 IMPORTING = 'importing'
 """The execution record's field an import writes first and drops in its last write: `{"at": epoch seconds}`.

@@ -349,6 +349,11 @@ class Run:
 
     # -- failure ---------------------------------------------------------------------------------
 
+    async def succeeded(self) -> None:
+        """The run ended without an exception: move its fence past what it recorded again, or lift it (F-10)."""
+        if self._meta.diverge_from is not None:
+            self._meta = await self.writes.lift_fence(self._meta, self._recorded, self.next_position)
+
     async def fail(self, error: BaseException, *, model_at_fault: bool) -> None:
         """Write the fence the next attempt must respect after this run failed."""
         await self.writes.fail(

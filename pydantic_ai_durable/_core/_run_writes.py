@@ -17,7 +17,7 @@ from typing import Any
 
 from .._errors import JournalError, JournalUnavailable, ResultNotJournalable
 from ._attempt_view import AttemptView, StoreHold
-from ._fences import ErrorNotes, RunMeta, next_meta
+from ._fences import ErrorNotes, RunMeta, lifted_fence, next_meta
 from ._records import ENTRY_VERSION, one_line
 from ._step import Step
 
@@ -212,9 +212,23 @@ class RunWriter:
 
     # -- failure ---------------------------------------------------------------------------------
 
-    def note_error(self, step: Step, error: BaseException) -> None:
-        """Remember that a step's body raised `error` while the run's next position was what it is now."""
-        self._errors.note(error, step.run.next_position)
+    def note_error(self, step: Step, error: BaseException, *, recorded: int | None = None) -> None:
+        """Remember that a step's body raised `error` while the run's next position was what it is now.
+
+        An error recorded as the step's outcome (A-16) is noted at `recorded`, a position no later than the
+        step's own: a run it fails must not replay it on the next attempt, but send the request again (F-2).
+        """
+        self._errors.note(error, step.run.next_position if recorded is None else recorded)
+
+    async def lift_fence(self, meta: RunMeta, recorded: Iterable[int], next_position: int) -> RunMeta:
+        """After the run succeeded, the fence at the first position still holding a failed attempt's entry (F-10)."""
+        fence = lifted_fence(meta, recorded, self._saved)
+        if fence == meta.diverge_from:
+            return meta
+        lifted = RunMeta(fence, max(meta.high_water, next_position), meta.model_at_fault and fence is not None)
+        record = {'diverge_from': fence, 'high_water': lifted.high_water, 'model_at_fault': lifted.model_at_fault}
+        await self.write_record('meta', record)  # a refused write leaves the fence where it was
+        return lifted
 
     async def fail(
         self,

@@ -84,7 +84,7 @@ class StepWrites(Protocol):
 
     async def fence(self, step: Step, error: BaseException) -> None: ...
 
-    def note_error(self, step: Step, error: BaseException) -> None: ...
+    def note_error(self, step: Step, error: BaseException, *, recorded: int | None = None) -> None: ...
 
 
 @dataclass
@@ -158,9 +158,9 @@ class Step:
         if observer is not None:
             observer(self, point)
 
-    def failed(self, error: BaseException) -> None:
-        """Note that the body raised; see `RunWriter.note_error`."""
-        self.run.writes.note_error(self, error)
+    def failed(self, error: BaseException, *, recorded: int | None = None) -> None:
+        """Note that the body raised, or that `error` is its recorded outcome; see `RunWriter.note_error`."""
+        self.run.writes.note_error(self, error, recorded=recorded)
 
     def reject(self, reason: str = 'recorded result no longer loads') -> None:
         """Undo a replay whose payload no longer decodes, or no longer holds; see `Run.reject`."""

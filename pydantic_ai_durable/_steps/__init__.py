@@ -7,14 +7,17 @@ listings verified by listing again), `_leaf` (leaf toolsets pydantic-ai does not
 (output functions). Where steps come from: `_backend` (every durable operation pydantic-ai routes), the
 leaf toolset wrapper in `_leaf`, and output processing in `_output`. Beside them: `_payloads` (the recorded
 form of tool outcomes), `_codec` (pydantic-ai's payload codec, with the decoded replay passed through),
-`_opt_out` (tools that never replay) and `_warm` (encoders built before the first request); `_waiting`
-notes the calls a run ends waiting on and hands it the recorded decisions.
+`_opt_out` (tools that never replay), `_warm` (encoders built before the first request), `_model_errors`
+(a failed model request's error as its recorded outcome, A-16) and `_waits` (the graph's waits before a
+recorded step skipped, A-17); `_waiting` notes the calls a run ends waiting on and hands it the recorded
+decisions.
 """
 
 from ._backend import DurableBackend as DurableBackend
 from ._codec import PAYLOAD_CODEC as PAYLOAD_CODEC
 from ._codec import not_journalable as not_journalable
 from ._leaf import DurableLeafToolset as DurableLeafToolset
+from ._model_errors import MODEL_ERRORS_RECORDED as MODEL_ERRORS_RECORDED
 from ._opt_out import opted_out_toolsets as opted_out_toolsets
 from ._output import journal_output_process as journal_output_process
 from ._pipeline import StepKind as StepKind
@@ -22,3 +25,4 @@ from ._pipeline import run_step as run_step
 from ._waiting import check_wait_timeout as check_wait_timeout
 from ._waiting import note_run_end as note_run_end
 from ._waiting import recorded_decisions as recorded_decisions
+from ._waits import replayed_waits as replayed_waits

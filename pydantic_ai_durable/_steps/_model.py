@@ -4,6 +4,8 @@ What a model request does its own way in the pipeline (A-6): its fingerprint is 
 serving model sees it, the usage ledger settles its credits before the claim and is credited for a
 replay, the request is counted before it goes out and the response's tokens before it is encoded, so
 they ride in the entry's commit (U2-1), and the entry records what the request added to the conversation.
+A request that fails with a `ModelAPIError` is recorded with that error as its outcome, raised again by a
+replay (A-16); the success path does no work for it but a `try` and an attribute read.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
+from pydantic_ai.exceptions import ModelAPIError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
@@ -21,6 +24,7 @@ from .._active_run import ActiveRun
 from .._core import Kind, Step
 from .._fingerprint import Renderings
 from ._codec import HOLD_RESPONSES, Unencoded
+from ._model_errors import error_payload, recorded_error
 from ._pipeline import Body, Decoder, StepKind
 
 __all__ = ('ModelRequest',)
@@ -52,6 +56,10 @@ class ModelRequest(StepKind):
     """The live response, as the codec handed it back before encoding it."""
     snapshot: dict[str, Any] | None = field(default=None, init=False)
     """The spend snapshot that counts the live response, stored with the entry."""
+    error: ModelAPIError | None = field(default=None, init=False)
+    """The error the request failed with, live or as recorded: its outcome, raised once its step is done (A-16)."""
+    failing_from: int | None = field(default=None, init=False)
+    """Where the model steps that failed in a row up to this one began: a run the error fails is fenced there."""
 
     @classmethod
     async def of(
@@ -86,10 +94,19 @@ class ModelRequest(StepKind):
         active.sent_upto = len(messages) + 1
         return self.request_fingerprint
 
-    def decode(self, payload: object) -> tuple[object, ModelResponse]:
-        return _decoded_response(payload, self.decoder)  # rejected if it no longer loads
+    def decode(self, payload: object) -> object:
+        try:
+            return _decoded_response(payload, self.decoder)  # rejected if it no longer loads
+        except (TypeError, ValueError):
+            error = recorded_error(payload)  # a recorded failure holds no response (A-16)
+            if error is None:
+                raise
+            self.error = error
+            return error
 
     def replayed(self, active: ActiveRun, step: Step, value: object) -> object:
+        if self.error is not None:
+            raise self._failed(active, step)  # pydantic-ai counted nothing for it, so the ledger has nothing to do
         decoded, response = cast('tuple[object, ModelResponse]', value)
         ledger = active.ledger
         # The response handed on is the one priced here (U-3), so pydantic-ai does not price it again.
@@ -118,6 +135,13 @@ class ModelRequest(StepKind):
         token = HOLD_RESPONSES.set(True)
         try:
             result = await self.body()
+        except ModelAPIError as error:
+            payload = error_payload(error)
+            if payload is None:
+                raise  # not recorded: the request is sent again on the next attempt
+            self.error = error
+            self.sent = None  # a failed request added nothing to the conversation
+            return payload
         finally:
             HOLD_RESPONSES.reset(token)
         if not isinstance(result, Unencoded):
@@ -133,6 +157,8 @@ class ModelRequest(StepKind):
     def spent(self, active: ActiveRun, payload: object) -> dict[str, Any] | None:
         if self.snapshot is not None:
             return self.snapshot
+        if self.error is not None:
+            return None  # the request was counted when it was sent (U2-1); a failure reports no tokens
         try:
             self.response = _decoded_response(payload, self.decoder)[1]
         except (TypeError, ValueError):
@@ -140,10 +166,32 @@ class ModelRequest(StepKind):
         return active.spend.response_received(self.response, continuation=self.continuation)
 
     def finished(self, active: ActiveRun, step: Step, payload: object) -> object:
+        if self.error is not None:
+            raise self._failed(active, step)
         if self.response is not None:
             active.ledger.track_chain(self.response, self.params)
             active.ledger.credit_argument_matches(active.run, self.response, self.params)  # calls that replay
         return payload
+
+    def fails_from(self, error: BaseException) -> int | None:
+        return self.failing_from if error is self.error else None
+
+    def _failed(self, active: ActiveRun, step: Step) -> ModelAPIError:
+        """The recorded error, to raise, failing from where the failures in a row began (F-2 through `fails_from`).
+
+        A run it fails then sends every request of the failed streak again (a fallback's chain, or a retry's
+        attempts, each with its full budget), instead of replaying its way into the same failure. The streak
+        is the failed model steps at consecutive positions: any other step between them ends it.
+        """
+        error = self.error
+        assert error is not None
+        active.sent_upto = self.start  # the request that follows sends the same messages again
+        position = step.position
+        streak = active.failed_streak
+        first = streak[0] if streak is not None and streak[1] == position - 1 else position
+        active.failed_streak = (first, position)
+        self.failing_from = first
+        return error
 
 
 _STAMPS_MODEL_ID = 'model_id' in {f.name for f in dataclasses.fields(ModelResponse)}

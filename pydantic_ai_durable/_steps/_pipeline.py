@@ -104,6 +104,14 @@ class StepKind:
     def ended(self) -> None:
         """Called once a live step ended, recorded or not: undo what `going_live` set up."""
 
+    def fails_from(self, error: BaseException) -> int | None:
+        """Where a recorded outcome `replayed` or `finished` raised counts as a failure for the fence (F-2).
+
+        `None` (the default): a control-flow signal, which says nothing about the run's failure. A model step
+        whose recorded outcome is a model error gives a position, so a run that error fails sends it again (A-16).
+        """
+        return None
+
     def differs(self, recorded: object, fresh: object) -> str | None:
         """For a `verified` kind: why a fresh result no longer matches the recorded one, or `None`."""
         return None
@@ -131,6 +139,9 @@ async def run_step(active: ActiveRun, kind: StepKind) -> object:
             replayed(step)  # its span says so
             try:
                 return kind.replayed(active, step, value)
+            except Exception as exc:
+                _note_outcome(kind, step, exc)
+                raise
             finally:
                 if step.by_arguments:  # the next attempt replays it by position, a value or a signal alike
                     await step.keep()
@@ -152,9 +163,20 @@ async def run_step(active: ActiveRun, kind: StepKind) -> object:
             payload, to_record=active.mask if kind.masked else None, spend=kind.spent(active, payload), sent=kind.sent
         )
         step.reached('after_record')
-        return kind.finished(active, step, payload)
+        try:
+            return kind.finished(active, step, payload)
+        except Exception as exc:
+            _note_outcome(kind, step, exc)
+            raise
     finally:
         kind.ended()
+
+
+def _note_outcome(kind: StepKind, step: Step, error: BaseException) -> None:
+    """Note a recorded outcome raised as a failure where the kind says it counts as one (`fails_from`)."""
+    position = kind.fails_from(error)
+    if position is not None:
+        step.failed(error, recorded=position)
 
 
 async def _replay_verified(active: ActiveRun, step: Step, kind: StepKind) -> object:
