@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -177,7 +178,8 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         if attempt is None:
             return None
         run_key = attempt.next_run_key(attempt.journal_for(self.journal))
-        run_id = str(uuid.uuid5(_RUN_IDS, f'{attempt.key}\x00{run_key}'))
+        name = f'{attempt.key}\x00{run_key}'.encode('utf-8', 'surrogatepass')  # any key a journal takes (B-4)
+        run_id = str(uuid.UUID(bytes=hashlib.sha1(_RUN_IDS.bytes + name).digest()[:16], version=5))
         self._numbered[(attempt.key, run_id)] = run_key
         return run_id
 

@@ -58,6 +58,7 @@ from pydantic_ai_durable._fingerprint import (
 from pydantic_ai_durable._fingerprint import _canonical as fp_canonical
 from pydantic_ai_durable._fingerprint import _history as fp_history
 from pydantic_ai_durable._fingerprint import _settings as fp_settings
+from pydantic_ai_durable._fingerprint._history import BOOKKEEPING_FIELDS
 from pydantic_ai_durable._masking import SecretRegistry
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -175,15 +176,18 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 # ------------------------------------------------------------------------------------------------------
 
 
-def test_fp1_digest_is_sha256_of_canonical_json_of_model_messages_settings_params() -> None:
+def test_fp1_fp15_digest_is_sha256_of_canonical_json_of_model_messages_settings_params() -> None:
     messages = history()
     request_params = params(revealed_tool_names={'b', 'a'})
     dumped = ModelMessagesTypeAdapter.dump_python(messages, mode='json')
     for message in dumped:
         for key in ('timestamp', 'run_id', 'conversation_id'):
             message.pop(key)
+        for key in BOOKKEEPING_FIELDS:  # FP-15: what pydantic-ai keeps outside a message's equality
+            message.pop(key, None)
         for part in message['parts']:
-            part.pop('timestamp', None)
+            for key in ('timestamp', *BOOKKEEPING_FIELDS):
+                part.pop(key, None)
     p = TypeAdapter(ModelRequestParameters).dump_python(request_params, mode='json')
     del p['deferred_capability_ids']
     p['revealed_tool_names'] = ['a', 'b']
