@@ -25,6 +25,7 @@ from ._errors import DurableError
 
 __all__ = (
     'CANCELLATION_TOKENS_ACCEPTED',
+    'EXTERNAL_EVENTS',
     'PRIVATE_HOOKS',
     'TESTED_PYDANTIC_AI',
     'check_private_hooks',
@@ -50,6 +51,14 @@ except ImportError:  # pragma: no cover - older releases keep it in the durable 
         from pydantic_ai.durable_exec._operation_backend import in_durable_unit as _pydantic_ai_unit_flag
     except ImportError:
         _pydantic_ai_unit_flag = None
+
+
+try:  # pydantic-ai 2.68 and later: waits on external events (EV-1); `Any`, so 2.62's type check passes too
+    import importlib
+
+    EXTERNAL_EVENTS: Any = importlib.import_module('pydantic_ai.external_events')
+except ImportError:  # pragma: no cover - 2.62 has none, and a run has nothing to wait with
+    EXTERNAL_EVENTS = None
 
 
 def in_pydantic_ai_unit() -> bool:

@@ -17,13 +17,13 @@ from pydantic import TypeAdapter
 from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.tools import ToolApproved, ToolDenied
 
-from ._core import Resolution, pending_calls, resolve_calls
+from ._core import Resolution, pending_calls, resolve_calls, resolve_event
 from .journals import CallDecision, DeferredCall, Journal
 
 if TYPE_CHECKING:
     from pydantic_ai_harness.ask_user import AskUserRequest
 
-__all__ = ('ask_user_request', 'resolve')
+__all__ = ('ask_user_request', 'fail_external_event', 'resolve', 'resolve_external_event')
 
 _ANY: TypeAdapter[Any] = TypeAdapter(Any)
 
@@ -142,3 +142,35 @@ def ask_user_request(call: DeferredCall) -> AskUserRequest:
     if call.request is None:
         raise ValueError(f'Call {call.call_id!r} ({call.tool_name}) is not a question of AskUser.')
     return TypeAdapter(AskUserRequest).validate_python(call.request)
+
+
+async def resolve_external_event(
+    journal: Journal, token: str, payload: object, *, by: str | None = None, wait: float = 10.0, dispatch: bool = False
+) -> Resolution:
+    """End a wait on an external event of a durable run with `payload`: its next attempt goes on with it (EV-3).
+
+    `token` is the resume token the wait's `ask` was given (the handler of `HandleDeferredToolCalls`, the `ask` of
+    `wait_for_external_event`); it names the execution and the wait, and only the token that wait handed out
+    resolves it. `payload` is stored as JSON (for `HandleDeferredToolCalls`, `DeferredToolResults` or its JSON
+    form). The first resolution wins: the same payload again is accepted, another one, a wait that already
+    ended, one past its deadline (EV-5) and a token not handed out are refused with `ResolutionRefused`, and
+    nothing is written. `by`, `wait` and `dispatch` are `resolve`'s.
+    """
+    try:
+        stored = _ANY.dump_python(payload, mode='json')
+    except Exception as exc:
+        raise TypeError(f'The payload must be JSON data, a pydantic model or a dataclass: {exc}') from None
+    decision = CallDecision('result', time.time(), by, value=stored)
+    return await resolve_event(journal, token, decision, wait=wait, dispatch=dispatch)
+
+
+async def fail_external_event(
+    journal: Journal, token: str, reason: str, *, by: str | None = None, wait: float = 10.0, dispatch: bool = False
+) -> Resolution:
+    """End a wait on an external event without a payload: in its next attempt the wait raises `ExternalEventError`
+    with `reason`, so `HandleDeferredToolCalls` denies the calls it waited on, saying why (EV-4).
+
+    Refused, and resolved, as `resolve_external_event` is.
+    """
+    decision = CallDecision('denied', time.time(), by, message=reason)
+    return await resolve_event(journal, token, decision, wait=wait, dispatch=dispatch)

@@ -9,12 +9,24 @@ a run), `_run` (what it reads and decides), `_retention` and `_attempt`; beside 
 again), and `_rekey` (rewrites every value under the current encryption key); `_document` (an export's
 text read one value at a time), `_export`, `_import`, `_transfer` (executions moved between journals, or
 forked) and `_conversation` (a run read back as messages); `_waiting` (the calls an attempt's runs deferred)
-and `_resolve` (deciding them from anywhere, and deadlines). The rest of the package imports the names below
+and `_resolve` (deciding them from anywhere, and deadlines); `_events` (waits on external events: resume tokens,
+resolved by token alone). The rest of the package imports the names below
 from here.
 """
 
 from ._attempt import Attempt, CleanupMode
 from ._conversation import recorded_conversation
+from ._events import (
+    EventWait,
+    event_ref,
+    event_slot,
+    make_token,
+    new_secret,
+    note_event,
+    resolve_event,
+    secret_digest,
+    settle_overdue,
+)
 from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits, parse_document, snapshot_from_document
 from ._fences import RunMeta
 from ._import import ImportReport, write_snapshot
@@ -43,6 +55,7 @@ __all__ = (
     'Deferral',
     'Divergence',
     'DivergenceMode',
+    'EventWait',
     'ImportReport',
     'Kind',
     'Limits',
@@ -65,22 +78,30 @@ __all__ = (
     'decisions_for',
     'deny_overdue',
     'describe',
+    'event_ref',
+    'event_slot',
     'export_execution',
     'fork_execution',
     'import_execution',
     'latest_spend',
+    'make_token',
     'missing_links',
+    'new_secret',
     'note_answered',
     'note_deferred',
+    'note_event',
     'parse_document',
     'parse_entry',
     'pending_calls',
     'recorded_conversation',
     'rekey',
     'resolve_calls',
+    'resolve_event',
     'retry_delay',
     'run_order',
+    'secret_digest',
     'set_dispatcher',
+    'settle_overdue',
     'snapshot_from_document',
     'spend_cost',
     'still_waiting',

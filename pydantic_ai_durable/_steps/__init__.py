@@ -8,12 +8,14 @@ listings verified by listing again), `_leaf` (leaf toolsets pydantic-ai does not
 leaf toolset wrapper in `_leaf`, and output processing in `_output`. Beside them: `_payloads` (the recorded
 form of tool outcomes), `_codec` (pydantic-ai's payload codec, with the decoded replay passed through),
 `_opt_out` (tools that never replay) and `_warm` (encoders built before the first request); `_waiting`
-notes the calls a run ends waiting on and hands it the recorded decisions.
+notes the calls a run ends waiting on and hands it the recorded decisions, `_external_events` journals
+waits on external events (resume tokens).
 """
 
 from ._backend import DurableBackend as DurableBackend
 from ._codec import PAYLOAD_CODEC as PAYLOAD_CODEC
 from ._codec import not_journalable as not_journalable
+from ._external_events import waits_on_events as waits_on_events
 from ._leaf import DurableLeafToolset as DurableLeafToolset
 from ._opt_out import opted_out_toolsets as opted_out_toolsets
 from ._output import journal_output_process as journal_output_process
