@@ -8,6 +8,8 @@ really ran, across processes too.
 
 from __future__ import annotations
 
+import os
+import signal
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,17 +44,23 @@ def build(
 
     def ask(ctx: RunContext[None], requests: DeferredToolRequests, token: str) -> DeferredToolResults | None:
         note(log, f'ask {policy}')
+        if policy == 'kill':
+            os.kill(os.getpid(), signal.SIGKILL)
         if policy == 'approve':
             return requests.build_results(approve_all=True)
         if policy == 'deny':
-            return requests.build_results(approvals={c.tool_call_id: ToolDenied('policy now says no') for c in requests.approvals})
+            return requests.build_results(
+                approvals={c.tool_call_id: ToolDenied('policy now says no') for c in requests.approvals}
+            )
         token_file(log).write_text(token)
         return None
 
     capabilities: list[Any] = [HandleDeferredToolCalls(ask, name=WAIT, timeout=timeout)]
     if journal is not None:
         capabilities.append(Durable(journal, **durable))
-    agent: Agent[None, str] = Agent(FunctionModel(model, model_name='events'), name='refunds', capabilities=capabilities)
+    agent: Agent[None, str] = Agent(
+        FunctionModel(model, model_name='events'), name='refunds', capabilities=capabilities
+    )
 
     @agent.tool_plain(requires_approval=True)
     def refund(amount: int) -> str:

@@ -1,0 +1,254 @@
+"""Waits on external events: resume tokens journaled, waited on with nothing held, resolved by token (EV-1..EV-6).
+
+The agent (`event_agent.py`) asks for a refund that needs approval; `HandleDeferredToolCalls` with a handler
+that takes a resume token decides it, in place or by handing the token on. Real agents, a real `DiskJournal`,
+and the CLI and killed attempts in real child processes; every model request, `ask` and refund is a line of a
+log file, so the tests count what ran.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip(
+    'pydantic_ai.external_events', reason='pydantic-ai before 2.68 has no waits on external events (EV-6)'
+)
+
+from event_agent import KEY, PROMPT, WAIT, build, lines, token_file  # noqa: E402
+from pydantic_ai.tools import DeferredToolResults  # noqa: E402
+
+from pydantic_ai_durable import (  # noqa: E402
+    DiskJournal,
+    ExecutionWaiting,
+    ResolutionRefused,
+    deny_overdue,
+    execution,
+    fail_external_event,
+    pending_calls,
+    resolve,
+    resolve_external_event,
+)
+
+HERE = Path(__file__).parent
+APPROVE = DeferredToolResults(approvals={'c1': True})
+
+
+async def attempt(journal: DiskJournal, log: Path, **options: Any) -> Any:
+    """One attempt of the app's code, the same every time: its output, or the `ExecutionWaiting` it raised."""
+    agent = build(journal, log, **options)
+    try:
+        async with execution(KEY, journal=journal):
+            result = await agent.run(PROMPT)
+    except ExecutionWaiting as waiting:
+        return waiting
+    return result.output
+
+
+def cli(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, '-m', 'pydantic_ai_durable', '--journal', str(journal), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=HERE,
+    )
+
+
+def child(journal: Path, log: Path, point: str = '') -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(HERE / 'event_child.py'), str(journal), str(log), point],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=HERE,
+    )
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    return tmp_path / 'log'
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> DiskJournal:
+    return DiskJournal(tmp_path / 'journal')
+
+
+async def test_ev1_ev2_ev3_a_token_wait_ends_waiting_is_resolved_from_another_process_and_goes_on_asking_once(
+    journal: DiskJournal, log: Path, tmp_path: Path
+) -> None:
+    first = await attempt(journal, log, timeout=timedelta(hours=1))
+    assert isinstance(first, ExecutionWaiting) and first.name == WAIT and first.wait == f'{WAIT}@0:1'
+    assert lines(log) == ['model', 'ask hand-on']
+    (info,) = await journal.list_executions(state='waiting')
+    (wait,) = info.pending
+    assert (wait.kind, wait.tool_name, wait.run, wait.wait) == ('event', WAIT, '0', 1)
+    assert wait.deadline is not None and wait.deadline - wait.since == pytest.approx(3600)
+    listed = cli(tmp_path / 'journal', 'list', '--state', 'waiting')
+    shown = cli(tmp_path / 'journal', 'show', KEY)
+    assert 'waiting' in listed.stdout and WAIT in shown.stdout and 'event' in shown.stdout, shown.stdout
+
+    again = await attempt(journal, log)  # started too early: replays, ends waiting again, asks nobody
+    assert isinstance(again, ExecutionWaiting) and lines(log) == ['model', 'ask hand-on']
+
+    token = token_file(log).read_text()
+    done = cli(tmp_path / 'journal', 'resolve-event', token, '--payload', '{"approvals": {"c1": true}}', '--by', 'ops')
+    assert done.returncode == 0, done.stderr
+    (decided,) = await pending_calls(journal, KEY, decided=True)
+    assert decided.decision is not None and (decided.decision.kind, decided.decision.by) == ('result', 'ops')
+
+    output = await attempt(journal, log)
+    assert output == 'c1 refund: refunded 5'
+    assert lines(log) == ['model', 'ask hand-on', 'refund 5', 'model']
+    (info,) = await journal.list_executions()
+    assert info.state == 'finished'
+
+    replayed = await attempt(journal, log, policy='deny')  # a finished execution: replayed, whatever the policy
+    assert replayed == output
+    assert lines(log) == ['model', 'ask hand-on', 'refund 5', 'model']  # 0 requests, 0 tools, 0 asks
+
+
+async def test_ev1_an_answer_given_in_place_is_what_every_replay_gets(journal: DiskJournal, log: Path) -> None:
+    assert await attempt(journal, log, policy='approve') == 'c1 refund: refunded 5'
+    assert lines(log) == ['model', 'ask approve', 'refund 5', 'model']
+    (info,) = await journal.list_executions()
+    assert info.state == 'finished' and info.pending == ()
+
+    # The policy changed between attempts: the replay keeps the answer the refund was paid on.
+    assert await attempt(journal, log, policy='deny') == 'c1 refund: refunded 5'
+    assert lines(log) == ['model', 'ask approve', 'refund 5', 'model']
+
+
+async def test_ev3_a_guessed_or_forged_token_resolves_nothing(journal: DiskJournal, log: Path, tmp_path: Path) -> None:
+    assert isinstance(await attempt(journal, log), ExecutionWaiting)
+    token = token_file(log).read_text()
+    prefix, key, ref, secret = token.split('.')
+    forged = [
+        f'{prefix}.{key}.{ref}.{secret[:-1]}{"A" if secret[-1] != "A" else "B"}',  # one character off
+        f'{prefix}.{key}.{ref}.' + 'A' * len(secret),  # the key and the wait's name guessed, the secret not
+        f'{prefix}.{key}.{ref}',
+        f'other.{key}.{ref}.{secret}',
+        'not a token',
+    ]
+    for guess in forged:
+        with pytest.raises(ResolutionRefused):
+            await resolve_external_event(journal, guess, APPROVE)
+        with pytest.raises(ResolutionRefused):
+            await fail_external_event(journal, guess, 'no')
+    with pytest.raises(ResolutionRefused, match='resolve it with the token'):
+        await resolve(journal, KEY, results={WAIT: {'approvals': {'c1': True}}})  # by key and name: no token
+    refused = cli(tmp_path / 'journal', 'complete', KEY, WAIT, '--result', '{"approvals": {"c1": true}}')
+    assert refused.returncode != 0 and 'token' in refused.stderr
+    forged_cli = cli(tmp_path / 'journal', 'resolve-event', forged[1], '--payload', '{}')
+    assert forged_cli.returncode != 0 and 'not the one this wait handed out' in forged_cli.stderr
+    (wait,) = await pending_calls(journal, KEY)
+    assert wait.pending
+    assert isinstance(await attempt(journal, log), ExecutionWaiting)
+    assert lines(log) == ['model', 'ask hand-on']  # nothing ran on a forged resolution
+
+
+async def test_ev3_the_first_resolution_wins(journal: DiskJournal, log: Path) -> None:
+    assert isinstance(await attempt(journal, log), ExecutionWaiting)
+    token = token_file(log).read_text()
+    first = await resolve_external_event(journal, token, APPROVE, by='alice')
+    assert first.completed and first.decided == (WAIT,)
+    with pytest.raises(ResolutionRefused, match='decided already'):
+        await resolve_external_event(journal, token, DeferredToolResults(approvals={'c1': False}), by='bob')
+    with pytest.raises(ResolutionRefused, match='decided already'):
+        await fail_external_event(journal, token, 'too late', by='bob')
+    same = await resolve_external_event(journal, token, APPROVE, by='alice')  # a retried request: accepted
+    assert same.unchanged and not same.decided
+    assert await attempt(journal, log) == 'c1 refund: refunded 5'
+    with pytest.raises(ResolutionRefused, match='finished'):
+        await resolve_external_event(journal, token, APPROVE)  # the wait ended with its execution
+    assert lines(log).count('refund 5') == 1 and lines(log).count('ask hand-on') == 1
+
+
+async def test_ev4_a_failed_wait_denies_the_calls_with_the_reason(journal: DiskJournal, log: Path) -> None:
+    assert isinstance(await attempt(journal, log), ExecutionWaiting)
+    await fail_external_event(journal, token_file(log).read_text(), 'the approver is on leave')
+    output = await attempt(journal, log)
+    assert output == 'c1 refund: No decision on this tool call arrived: the approver is on leave'
+    assert 'refund 5' not in lines(log) and lines(log).count('ask hand-on') == 1
+
+
+async def test_ev4_the_cli_fails_a_wait_by_its_token(journal: DiskJournal, log: Path, tmp_path: Path) -> None:
+    assert isinstance(await attempt(journal, log), ExecutionWaiting)
+    done = cli(tmp_path / 'journal', 'fail-event', '-', '--reason', 'nobody home', '--json')
+    assert done.returncode != 0  # no token on stdin
+    with subprocess.Popen(
+        [sys.executable, '-m', 'pydantic_ai_durable', '--journal', str(tmp_path / 'journal'), 'fail-event', '-']
+        + ['--reason', 'nobody home'],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=HERE,
+    ) as process:
+        out, err = process.communicate(token_file(log).read_text(), timeout=120)
+    assert process.returncode == 0, err
+    assert await attempt(journal, log) == 'c1 refund: No decision on this tool call arrived: nobody home'
+
+
+async def test_ev5_a_deadline_passed_denies_the_calls(journal: DiskJournal, log: Path) -> None:
+    assert isinstance(await attempt(journal, log, timeout=timedelta(minutes=30)), ExecutionWaiting)
+    (resolution,) = await deny_overdue(journal, now=time.time() + 3600)  # the sweep's deadline pass
+    assert resolution.completed
+    output = await attempt(journal, log, timeout=timedelta(minutes=30))
+    assert output == 'c1 refund: No decision on this tool call arrived: No resolution arrived within 30 minutes.'
+    assert 'refund 5' not in lines(log)
+
+
+async def test_ev5_a_wait_reached_past_its_deadline_is_denied_by_it_and_refuses_a_late_resolution(
+    journal: DiskJournal, log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert isinstance(await attempt(journal, log, timeout=timedelta(minutes=30)), ExecutionWaiting)
+    token = token_file(log).read_text()
+    later = time.time() + 3600
+    monkeypatch.setattr(time, 'time', lambda: later)  # the clock moved on; no deadline pass ran
+    with pytest.raises(ResolutionRefused, match='deadline'):
+        await resolve_external_event(journal, token, APPROVE)
+    output = await attempt(journal, log, timeout=timedelta(minutes=30))
+    assert output.startswith('c1 refund: No decision on this tool call arrived: No resolution arrived within')
+    assert 'refund 5' not in lines(log) and lines(log).count('ask hand-on') == 1
+
+
+@pytest.mark.skipif(sys.platform == 'win32', reason='SIGKILL is POSIX')
+async def test_ev2_an_attempt_killed_in_the_wait_keeps_its_token_and_asks_once(tmp_path: Path, log: Path) -> None:
+    directory = tmp_path / 'journal'
+    killed = child(directory, log, 'after-ask')  # the ask step recorded, the attempt never ended
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert lines(log) == ['model', 'ask hand-on']
+    token = token_file(log).read_text()
+
+    rerun = child(directory, log)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.stdout.strip() == f'waiting {WAIT}@0:1'
+    assert lines(log) == ['model', 'ask hand-on'] and token_file(log).read_text() == token  # no second ask
+
+    done = cli(directory, 'resolve-event', token, '--payload', '{"approvals": {"c1": true}}')
+    assert done.returncode == 0, done.stderr  # the token handed out before the kill still resolves the wait
+    finished = child(directory, log)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert finished.stdout.strip() == repr('c1 refund: refunded 5')
+    assert lines(log) == ['model', 'ask hand-on', 'refund 5', 'model']
+    replayed = child(directory, log)
+    assert replayed.stdout.strip() == repr('c1 refund: refunded 5') and len(lines(log)) == 4
+
+
+@pytest.mark.skipif(sys.platform == 'win32', reason='SIGKILL is POSIX')
+async def test_ev2_an_ask_killed_before_its_step_was_recorded_is_asked_again(tmp_path: Path, log: Path) -> None:
+    """At least once, like any step: the documented reason `ask` must be safe to call again."""
+    killed = child(tmp_path / 'journal', log, 'in-ask')
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    rerun = child(tmp_path / 'journal', log)
+    assert rerun.stdout.strip() == f'waiting {WAIT}@0:1', rerun.stderr[-3000:]
+    assert lines(log) == ['model', 'ask kill', 'ask hand-on']  # the model's step replays, the ask does not
