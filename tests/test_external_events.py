@@ -22,10 +22,10 @@ pytest.importorskip(
     'pydantic_ai.external_events', reason='pydantic-ai before 2.68 has no waits on external events (EV-6)'
 )
 
-from event_agent import KEY, PROMPT, WAIT, build, lines, token_file  # noqa: E402
-from pydantic_ai.tools import DeferredToolResults  # noqa: E402
+from event_agent import KEY, PROMPT, WAIT, build, lines, token_file
+from pydantic_ai.tools import DeferredToolResults
 
-from pydantic_ai_durable import (  # noqa: E402
+from pydantic_ai_durable import (
     DiskJournal,
     ExecutionWaiting,
     ResolutionRefused,
@@ -184,17 +184,25 @@ async def test_ev4_the_cli_fails_a_wait_by_its_token(journal: DiskJournal, log: 
     assert isinstance(await attempt(journal, log), ExecutionWaiting)
     done = cli(tmp_path / 'journal', 'fail-event', '-', '--reason', 'nobody home', '--json')
     assert done.returncode != 0  # no token on stdin
-    with subprocess.Popen(
-        [sys.executable, '-m', 'pydantic_ai_durable', '--journal', str(tmp_path / 'journal'), 'fail-event', '-']
-        + ['--reason', 'nobody home'],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    piped = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'pydantic_ai_durable',
+            '--journal',
+            str(tmp_path / 'journal'),
+            'fail-event',
+            '-',
+            '--reason',
+            'nobody home',
+        ],
+        input=token_file(log).read_text(),
+        capture_output=True,
         text=True,
+        timeout=120,
         cwd=HERE,
-    ) as process:
-        out, err = process.communicate(token_file(log).read_text(), timeout=120)
-    assert process.returncode == 0, err
+    )
+    assert piped.returncode == 0, piped.stderr
     assert await attempt(journal, log) == 'c1 refund: No decision on this tool call arrived: nobody home'
 
 
