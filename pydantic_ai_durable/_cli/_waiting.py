@@ -161,7 +161,9 @@ def calls_lines(record: dict[str, Any] | None) -> list[str]:
                 call.kind,
                 local(call.since),
                 local(call.deadline) if call.deadline is not None else 'none',
-                cell(json.dumps(call.arguments, ensure_ascii=False, separators=(',', ':')), _ARGS_WIDTH),
+                'a resume token (resolve-event)'  # EV-3: resolved by its token alone
+                if call.kind == 'event'
+                else cell(json.dumps(call.arguments, ensure_ascii=False, separators=(',', ':')), _ARGS_WIDTH),
             ]
             for call in pending
         ]
