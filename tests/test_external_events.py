@@ -27,6 +27,8 @@ from pydantic_ai.tools import DeferredToolResults
 
 from pydantic_ai_durable import (
     DiskJournal,
+    Durable,
+    DurableError,
     ExecutionWaiting,
     ResolutionRefused,
     deny_overdue,
@@ -260,3 +262,71 @@ async def test_ev2_an_ask_killed_before_its_step_was_recorded_is_asked_again(tmp
     rerun = child(tmp_path / 'journal', log)
     assert rerun.stdout.strip() == f'waiting {WAIT}@0:1', rerun.stderr[-3000:]
     assert lines(log) == ['model', 'ask kill', 'ask hand-on']  # the model's step replays, the ask does not
+
+
+async def test_ev1_ev3_a_hook_waits_with_wait_for_external_event(journal: DiskJournal) -> None:
+    """Not only `HandleDeferredToolCalls`: any capability hook of the run the app started may wait."""
+    from pydantic_ai import Agent
+    from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.external_events import wait_for_external_event
+    from pydantic_ai.models.test import TestModel
+
+    tokens: list[str] = []
+    seen: list[object] = []
+
+    class GoAhead(AbstractCapability[None]):
+        async def before_run(self, ctx: Any) -> None:
+            async def ask(token: str) -> None:
+                tokens.append(token)
+
+            seen.append(await wait_for_external_event('go_ahead', ask=ask))
+
+    agent = Agent(TestModel(), name='hooked', capabilities=[GoAhead(), Durable(journal)])
+    with pytest.raises(ExecutionWaiting) as waiting:
+        async with execution('hook-1', journal=journal):
+            await agent.run('go')
+    assert waiting.value.wait == 'go_ahead@0:0' and seen == []
+    await resolve_external_event(journal, tokens[0], {'go': True})
+    async with execution('hook-1', journal=journal):
+        assert (await agent.run('go')).output == 'success (no tool calls)'
+    assert seen == [{'go': True}] and len(tokens) == 1
+
+
+async def test_ev2_a_run_started_inside_a_tool_cannot_wait(journal: DiskJournal, log: Path) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.exceptions import UserError
+    from pydantic_ai.models.test import TestModel
+
+    inner = build(journal, log)
+    outer = Agent(TestModel(call_tools=['delegate']), name='outer', capabilities=[Durable(journal)])
+
+    @outer.tool_plain
+    async def delegate() -> str:
+        return (await inner.run(PROMPT)).output
+
+    with pytest.raises((DurableError, UserError), match='inside a'):  # pydantic-ai refuses it first, in a unit
+        async with execution('nested-1', journal=journal):
+            await outer.run('delegate it')
+    assert 'ask hand-on' not in lines(log)
+
+
+async def test_ev6_a_fleet_delivery_ends_waiting_and_a_resolution_with_dispatch_sends_it_on(
+    journal: DiskJournal, log: Path
+) -> None:
+    from test_fleet_core import ToyAdapter, ToyQueue
+
+    adapter = ToyAdapter(ToyQueue())
+    agent = build(journal, log)
+
+    @adapter.task(journal=journal, resume_after=60.0)
+    async def refunds(prompt: str) -> str:
+        return (await agent.run(prompt)).output
+
+    adapter.delay(refunds, 'job-1', PROMPT)
+    waiting = await adapter.work_one()
+    assert waiting == {'state': 'waiting', 'key': 'refunds:job-1', 'pending': [WAIT]}
+    assert adapter.queue.messages == []  # nothing retries it
+    resolution = await resolve_external_event(journal, token_file(log).read_text(), APPROVE, dispatch=True)
+    assert (resolution.completed, resolution.dispatched) == (True, True)
+    assert await adapter.work_one() == 'c1 refund: refunded 5'
+    assert lines(log) == ['model', 'ask hand-on', 'refund 5', 'model']
