@@ -41,6 +41,7 @@ from pydantic_ai_durable import (
 
 HERE = Path(__file__).parent
 APPROVE = DeferredToolResults(approvals={'c1': True})
+LOCAL = 'http://127.0.0.1:8765'
 
 
 async def attempt(journal: DiskJournal, log: Path, **options: Any) -> Any:
@@ -330,3 +331,30 @@ async def test_ev6_a_fleet_delivery_ends_waiting_and_a_resolution_with_dispatch_
     assert (resolution.completed, resolution.dispatched) == (True, True)
     assert await adapter.work_one() == 'c1 refund: refunded 5'
     assert lines(log) == ['model', 'ask hand-on', 'refund 5', 'model']
+
+
+async def test_ev3_the_console_lists_a_token_wait_and_offers_no_way_to_resolve_it_without_the_token(
+    journal: DiskJournal, log: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip('starlette', reason='the console needs the extra console')
+    from starlette.testclient import TestClient
+
+    from pydantic_ai_durable._console import ConsoleSettings, build_app
+
+    assert isinstance(await attempt(journal, log, timeout=timedelta(hours=2)), ExecutionWaiting)
+    with TestClient(build_app(DiskJournal(tmp_path / 'journal'), ConsoleSettings(by='ops')), base_url=LOCAL) as client:
+        (listed,) = client.get('/api/waiting').json()['executions']
+        (wait,) = listed['calls']
+        assert (wait['call_id'], wait['kind'], wait['deadline'] is not None) == (WAIT, 'event', True)
+        page = client.get('/waiting').text
+        assert 'waits on an external event' in page and 'resolve-event' in page
+        assert 'action="/execution/resolve"' not in page  # no form: the console holds no token
+        csrf = client.get('/api/session').json()['csrf']
+        refused = client.post(
+            '/api/execution/resolve',
+            json={'key': KEY, 'results': {WAIT: {'approvals': {'c1': True}}}},
+            headers={'X-CSRF-Token': csrf},
+        )
+        assert 400 <= refused.status_code < 500 and 'token' in refused.text
+    (still,) = await pending_calls(journal, KEY)
+    assert still.pending
