@@ -44,12 +44,12 @@ APPROVE = DeferredToolResults(approvals={'c1': True})
 LOCAL = 'http://127.0.0.1:8765'
 
 
-async def attempt(journal: DiskJournal, log: Path, **options: Any) -> Any:
+async def attempt(journal: DiskJournal, log: Path, prompt: str = PROMPT, **options: Any) -> Any:
     """One attempt of the app's code, the same every time: its output, or the `ExecutionWaiting` it raised."""
     agent = build(journal, log, **options)
     try:
         async with execution(KEY, journal=journal):
-            result = await agent.run(PROMPT)
+            result = await agent.run(prompt)
     except ExecutionWaiting as waiting:
         return waiting
     return result.output
@@ -358,3 +358,21 @@ async def test_ev3_the_console_lists_a_token_wait_and_offers_no_way_to_resolve_i
         assert 400 <= refused.status_code < 500 and 'token' in refused.text
     (still,) = await pending_calls(journal, KEY)
     assert still.pending
+
+
+async def test_ev3_a_resolution_reaches_only_the_ask_whose_token_it_was_made_for(
+    journal: DiskJournal, log: Path
+) -> None:
+    """A run that diverged before its wait asks anew, with a new token: the earlier approval is not for it."""
+    assert isinstance(await attempt(journal, log), ExecutionWaiting)
+    await resolve_external_event(journal, token_file(log).read_text(), APPROVE)
+    first_token = token_file(log).read_text()
+
+    again = await attempt(journal, log, prompt='refund order 9, and be quick')  # the model's step runs live
+    assert isinstance(again, ExecutionWaiting) and again.wait == f'{WAIT}@0:1'
+    assert lines(log) == ['model', 'ask hand-on', 'model', 'ask hand-on'] and 'refund 5' not in lines(log)
+    with pytest.raises(ResolutionRefused, match='not the one'):
+        await resolve_external_event(journal, first_token, APPROVE)  # the old token names the same wait
+    await resolve_external_event(journal, token_file(log).read_text(), APPROVE)
+    assert await attempt(journal, log, prompt='refund order 9, and be quick') == 'c1 refund: refunded 5'
+    assert lines(log).count('refund 5') == 1

@@ -12,6 +12,7 @@ there (`_core/_events.py`), and the next attempt replays up to the wait and goes
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +30,8 @@ from ._waiting import _top_level
 __all__ = ('DurableEventWaiter', 'waits_on_events')
 
 Ask = Callable[[str], Awaitable[Any]]
+
+log = logging.getLogger('pydantic_ai_durable')
 
 
 @dataclass
@@ -89,6 +92,11 @@ class DurableEventWaiter:
         ref = event_ref(name, active.run.key, step.position)
         record = active.run.state.record
         slot = event_slot(record, ref)
+        if slot is not None and slot.get('token') != recorded['token']:
+            # An ask that ran anew (the run diverged before it) handed out another token: the resolution of
+            # the earlier one is not for it (EV-3), so the wait starts over, as a new deferral replaces one.
+            log.warning('Execution %r: the wait %s asked again; its earlier resolution is not for it.', key, ref)
+            slot = None
         if slot is None:  # first time here, or an attempt killed before it wrote the record: as the step says
             since, deadline = recorded.get('since'), recorded.get('deadline')
             wait = EventWait(
