@@ -376,3 +376,29 @@ async def test_ev3_a_resolution_reaches_only_the_ask_whose_token_it_was_made_for
     await resolve_external_event(journal, token_file(log).read_text(), APPROVE)
     assert await attempt(journal, log, prompt='refund order 9, and be quick') == 'c1 refund: refunded 5'
     assert lines(log).count('refund 5') == 1
+
+
+async def test_ev6_the_sweep_sends_on_a_delivery_whose_wait_was_resolved_without_dispatch(
+    journal: DiskJournal, log: Path
+) -> None:
+    import asyncio
+
+    from test_fleet_core import ToyAdapter, ToyQueue
+
+    adapter = ToyAdapter(ToyQueue())
+    agent = build(journal, log)
+
+    @adapter.task(journal=journal, resume_after=0.3)
+    async def refunds(prompt: str) -> str:
+        return (await agent.run(prompt)).output
+
+    adapter.delay(refunds, 'job-2', PROMPT)
+    assert (await adapter.work_one()).pending == [WAIT]
+    await asyncio.sleep(0.3)
+    assert await adapter.fleet.sweep() == []  # still waiting on its token: never sent
+    await resolve_external_event(journal, token_file(log).read_text(), APPROVE)
+    await asyncio.sleep(0.3)
+    assert await adapter.fleet.sweep() == ['refunds:job-2']
+    assert await adapter.fleet.sweep() == []
+    assert await adapter.work_one() == 'c1 refund: refunded 5'
+    assert lines(log) == ['model', 'ask hand-on', 'refund 5', 'model']
