@@ -402,3 +402,20 @@ async def test_ev6_the_sweep_sends_on_a_delivery_whose_wait_was_resolved_without
     assert await adapter.fleet.sweep() == []
     assert await adapter.work_one() == 'c1 refund: refunded 5'
     assert lines(log) == ['model', 'ask hand-on', 'refund 5', 'model']
+
+
+async def test_ev2_ev3_an_encrypted_journal_seals_the_wait_and_resolves_it_only_with_its_keys(
+    tmp_path: Path, log: Path
+) -> None:
+    from pydantic_ai_durable import EncryptionMismatch
+    from pydantic_ai_durable.journals import Encryption
+
+    keys = Encryption({'a': bytes(range(32))})
+    sealed = DiskJournal(tmp_path / 'sealed', encryption=keys)
+    assert isinstance(await attempt(sealed, log), ExecutionWaiting)
+    token = token_file(log).read_text()
+    with pytest.raises(EncryptionMismatch):  # the record, the wait's digest with it, is sealed
+        await resolve_external_event(DiskJournal(tmp_path / 'sealed'), token, APPROVE)
+    await resolve_external_event(DiskJournal(tmp_path / 'sealed', encryption=keys), token, APPROVE)
+    assert await attempt(sealed, log) == 'c1 refund: refunded 5'
+    assert lines(log).count('ask hand-on') == 1
