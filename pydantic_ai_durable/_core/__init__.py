@@ -24,7 +24,6 @@ from ._events import (
     new_secret,
     note_event,
     resolve_event,
-    secret_digest,
     settle_overdue,
 )
 from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits, parse_document, snapshot_from_document
@@ -32,7 +31,16 @@ from ._fences import RunMeta
 from ._import import ImportReport, write_snapshot
 from ._records import ENTRY_VERSION, Kind, latest_spend, missing_links, parse_entry, run_order, spend_cost
 from ._rekey import RekeyReport, rekey
-from ._resolve import Resolution, call_json, deny_overdue, describe, pending_calls, resolve_calls, set_dispatcher
+from ._resolve import (
+    Resolution,
+    call_json,
+    deny_overdue,
+    describe,
+    pending_calls,
+    resolve_calls,
+    secret_digest,
+    set_dispatcher,
+)
 from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata, check_same_work
 from ._retry import retry_delay
 from ._run import DivergenceMode, Run, check_divergence_mode

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 import secrets
 import time
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from typing import Any
 
 from .._errors import ResolutionRefused
 from ..journals import DEFERRED, CallDecision, Journal, decision_of
-from ._resolve import Resolution, deadline_message, resolve_calls
+from ._resolve import Resolution, deadline_message, resolve_calls, secret_digest
 
 __all__ = (
     'EventWait',
@@ -34,7 +32,6 @@ __all__ = (
     'resolve_event',
     'secret_digest',
     'settle_overdue',
-    'token_matches',
 )
 
 _PREFIX = 'pade1'
@@ -44,11 +41,6 @@ _PREFIX = 'pade1'
 def new_secret() -> str:
     """The random part of a token: 256 bits, never written anywhere but into the token `ask` receives."""
     return secrets.token_urlsafe(32)
-
-
-def secret_digest(secret: str) -> str:
-    """What the record keeps of a token's secret: enough to check a token, not to make one."""
-    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def event_ref(name: str, run: str, wait: int) -> str:
@@ -83,12 +75,6 @@ def parse_token(token: str) -> tuple[str, str, str]:
         'the token was not handed out by a wait of pydantic_ai_durable (it starts with "pade1."): pass the token '
         "the wait's ask was given, as it was given",
     )
-
-
-def token_matches(slot: dict[str, Any], secret: str | None) -> bool:
-    """Whether `secret` is the secret of the token this wait handed out (compared in constant time)."""
-    kept = slot.get('token')
-    return isinstance(kept, str) and secret is not None and hmac.compare_digest(kept, secret_digest(secret))
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ __all__ = (
     'describe',
     'pending_calls',
     'resolve_calls',
+    'secret_digest',
     'set_dispatcher',
 )
 
@@ -303,8 +304,13 @@ def _check_token(
             f'{given!r} waits on an external event: resolve it with the token its ask was given '
             "(resolve_external_event, or the CLI's resolve-event)",
         )
-    if not isinstance(kept, str) or not hmac.compare_digest(kept, hashlib.sha256(secret.encode()).hexdigest()):
+    if not isinstance(kept, str) or not hmac.compare_digest(kept, secret_digest(secret)):
         raise ResolutionRefused(key, given, 'the token is not the one this wait handed out: nothing was resolved')
+
+
+def secret_digest(secret: str) -> str:
+    """What the record keeps of a resume token's secret (EV-3): enough to check a token, not to make one."""
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def _target(key: str, given: str, slots: list[tuple[str, DeferredCall]]) -> tuple[str, DeferredCall]:
