@@ -19,7 +19,7 @@ from typing import Any
 
 from .._errors import ResolutionRefused
 from ..journals import DEFERRED, CallDecision, Journal, decision_of
-from ._resolve import Resolution, deadline_message, resolve_calls, secret_digest
+from ._resolve import Resolution, deadline_message, resolve_calls
 
 __all__ = (
     'EventWait',
@@ -30,7 +30,6 @@ __all__ = (
     'note_event',
     'parse_token',
     'resolve_event',
-    'secret_digest',
     'settle_overdue',
 )
 
