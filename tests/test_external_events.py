@@ -30,6 +30,7 @@ from pydantic_ai_durable import (
     Durable,
     DurableError,
     ExecutionWaiting,
+    Journal,
     ResolutionRefused,
     deny_overdue,
     execution,
@@ -44,7 +45,7 @@ APPROVE = DeferredToolResults(approvals={'c1': True})
 LOCAL = 'http://127.0.0.1:8765'
 
 
-async def attempt(journal: DiskJournal, log: Path, prompt: str = PROMPT, **options: Any) -> Any:
+async def attempt(journal: Journal, log: Path, prompt: str = PROMPT, **options: Any) -> Any:
     """One attempt of the app's code, the same every time: its output, or the `ExecutionWaiting` it raised."""
     agent = build(journal, log, **options)
     try:
@@ -419,3 +420,23 @@ async def test_ev2_ev3_an_encrypted_journal_seals_the_wait_and_resolves_it_only_
     await resolve_external_event(DiskJournal(tmp_path / 'sealed', encryption=keys), token, APPROVE)
     assert await attempt(sealed, log) == 'c1 refund: refunded 5'
     assert lines(log).count('ask hand-on') == 1
+
+
+async def test_ev1_ev2_ev3_a_token_wait_on_postgres_waits_is_resolved_and_goes_on_asking_once(log: Path) -> None:
+    from pg import fresh_schema
+
+    from pydantic_ai_durable import PostgresJournal
+
+    dsn, schema = fresh_schema()
+    journal = PostgresJournal(dsn, schema=schema)
+    try:
+        assert isinstance(await attempt(journal, log), ExecutionWaiting)
+        (info,) = await journal.list_executions(state='waiting')
+        assert [(wait.kind, wait.tool_name) for wait in info.pending] == [('event', WAIT)]
+        with pytest.raises(ResolutionRefused):
+            await resolve_external_event(journal, token_file(log).read_text()[:-2] + 'xy', APPROVE)
+        await resolve_external_event(journal, token_file(log).read_text(), APPROVE)
+        assert await attempt(journal, log) == 'c1 refund: refunded 5'
+        assert lines(log) == ['model', 'ask hand-on', 'refund 5', 'model']
+    finally:
+        await journal.close()
