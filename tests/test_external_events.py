@@ -440,3 +440,35 @@ async def test_ev1_ev2_ev3_a_token_wait_on_postgres_waits_is_resolved_and_goes_o
         assert lines(log) == ['model', 'ask hand-on', 'refund 5', 'model']
     finally:
         await journal.close()
+
+
+async def test_ev1_a_handler_of_a_capability_with_an_id_is_asked_once_too(journal: DiskJournal) -> None:
+    """With an `id`, pydantic-ai hands the wait its handler as the capability's durable operation: one step still."""
+    from pydantic_ai import Agent
+    from pydantic_ai.capabilities import HandleDeferredToolCalls
+    from pydantic_ai.models.test import TestModel
+
+    asked: list[tuple[str, list[str]]] = []
+
+    def ask(ctx: Any, requests: Any, token: str) -> None:
+        asked.append((token, [call.tool_call_id for call in requests.approvals]))
+
+    agent = Agent(
+        TestModel(), name='ided', capabilities=[HandleDeferredToolCalls(ask, id='approvals'), Durable(journal)]
+    )
+    paid: list[int] = []
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(amount: int) -> str:
+        paid.append(amount)
+        return 'ok'
+
+    with pytest.raises(ExecutionWaiting):
+        async with execution('ided-1', journal=journal):
+            await agent.run('refund')
+    token, ids = asked[0]
+    await resolve_external_event(journal, token, DeferredToolResults(approvals=dict.fromkeys(ids, True)))
+    for _ in range(2):  # going on, then a replay of the finished execution
+        async with execution('ided-1', journal=journal):
+            assert (await agent.run('refund')).output == '{"refund":"ok"}'
+    assert len(asked) == 1 and len(paid) == 1
