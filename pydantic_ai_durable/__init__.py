@@ -30,6 +30,7 @@ from ._errors import (
     DurableError,
     EncryptionMismatch,
     ExecutionBusy,
+    ExecutionWaiting,
     ExportInvalid,
     ImportRefused,
     JournalCorrupt,
@@ -54,7 +55,7 @@ from .journals import (
 
 if TYPE_CHECKING:
     from ._capability import Durable
-    from ._decisions import ask_user_request, resolve
+    from ._decisions import ask_user_request, fail_external_event, resolve, resolve_external_event
     from ._execution import Execution, ExecutionUsage, execution
     from ._masking import SecretRegistry, register_secret
     from ._messages import recorded_messages
@@ -65,6 +66,8 @@ _LAZY = {
     'Durable': '._capability',
     'ask_user_request': '._decisions',
     'resolve': '._decisions',
+    'resolve_external_event': '._decisions',
+    'fail_external_event': '._decisions',
     'Execution': '._execution',
     'ExecutionUsage': '._execution',
     'execution': '._execution',
@@ -98,6 +101,7 @@ __all__ = (
     'ExecutionBusy',
     'ExecutionInfo',
     'ExecutionUsage',
+    'ExecutionWaiting',
     'ExportInvalid',
     'ImportRefused',
     'ImportReport',
@@ -121,12 +125,14 @@ __all__ = (
     'deny_overdue',
     'execution',
     'export_execution',
+    'fail_external_event',
     'fork_execution',
     'import_execution',
     'pending_calls',
     'recorded_messages',
     'register_secret',
     'resolve',
+    'resolve_external_event',
     'retry_delay',
     'set_dispatcher',
     'sweep_interrupted',

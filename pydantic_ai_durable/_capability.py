@@ -27,7 +27,7 @@ from ._compat import (
     resolve_request_model,
 )
 from ._core import DivergenceMode, SimulatedCrash, check_divergence_mode, current_step
-from ._errors import DurableError
+from ._errors import DurableError, ExecutionWaiting
 from ._execution import current_attempt, track_spend
 from ._fingerprint import ModelFingerprinter, fingerprint_run_start
 from ._masking import SECRETS, SecretRegistry
@@ -42,6 +42,7 @@ from ._steps import (
     opted_out_toolsets,
     recorded_decisions,
     replayed_waits,
+    waits_on_events,
 )
 from ._tracing import traced_run
 from ._usage import ReplayUsageLedger, RunSpend
@@ -225,12 +226,12 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         active = ActiveRun(run, ledger, fingerprinter, spend, self.secrets, resolve_model=self._request_model)
         track_spend(spend)
         ledger.credit_first_replay(run)
-        with activated(self, active), replayed_waits(active):
+        with activated(self, active), replayed_waits(active), waits_on_events(active, self.wait_timeout):  # A-17, EV-1
             try:
                 with traced_run(run, ctx.capabilities, lambda: spend.attempt):
                     result = await super().wrap_run(ctx, handler=handler)  # the base's duties, inherited
-            except SimulatedCrash:
-                raise  # stands for a process death, which writes nothing
+            except (SimulatedCrash, ExecutionWaiting):
+                raise  # a process death writes nothing; a run that waits on an event failed nothing (EV-2)
             except BaseException as error:
                 try:
                     await run.fail(error, model_at_fault=isinstance(error, UnexpectedModelBehavior))

@@ -28,6 +28,7 @@ from ._errors import DurableError
 
 __all__ = (
     'CANCELLATION_TOKENS_ACCEPTED',
+    'EXTERNAL_EVENTS',
     'PRIVATE_HOOKS',
     'TESTED_PYDANTIC_AI',
     'check_private_hooks',
@@ -58,6 +59,14 @@ def _unit_flag() -> Callable[[], bool] | None:
 
 
 _pydantic_ai_unit_flag = _unit_flag()
+
+
+try:  # pydantic-ai 2.68 and later: waits on external events (EV-1); `Any`, so 2.62's type check passes too
+    import importlib
+
+    EXTERNAL_EVENTS: Any = importlib.import_module('pydantic_ai.external_events')
+except ImportError:  # pragma: no cover - 2.62 has none, and a run has nothing to wait with
+    EXTERNAL_EVENTS = None
 
 
 def in_pydantic_ai_unit() -> bool:

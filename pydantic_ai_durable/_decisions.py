@@ -19,10 +19,10 @@ from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.tools import ToolApproved, ToolDenied
 
 from ._answers import answered, ask_user_request, is_ask_user_response
-from ._core import Resolution, resolve_calls
+from ._core import Resolution, resolve_calls, resolve_event
 from .journals import CallDecision, Journal
 
-__all__ = ('ask_user_request', 'resolve')
+__all__ = ('ask_user_request', 'fail_external_event', 'resolve', 'resolve_external_event')
 
 _ANY: TypeAdapter[Any] = TypeAdapter(Any, config=ConfigDict(ser_json_inf_nan='constants'))
 """Values as JSON data, but NaN and infinities kept as they are (pydantic writes `null` for them by default), so
@@ -103,3 +103,35 @@ def _result(call_id: str, value: object, now: float, by: str | None) -> CallDeci
             f'{type(value).__name__} is not ({exc}).'
         ) from None
     return CallDecision('result', now, by, value=stored)
+
+
+async def resolve_external_event(
+    journal: Journal, token: str, payload: object, *, by: str | None = None, wait: float = 10.0, dispatch: bool = False
+) -> Resolution:
+    """End a wait on an external event of a durable run with `payload`: its next attempt goes on with it (EV-3).
+
+    `token` is the resume token the wait's `ask` was given (the handler of `HandleDeferredToolCalls`, the `ask` of
+    `wait_for_external_event`); it names the execution and the wait, and only the token that wait handed out
+    resolves it. `payload` is stored as JSON (for `HandleDeferredToolCalls`, `DeferredToolResults` or its JSON
+    form). The first resolution wins: the same payload again is accepted, another one, a wait that already
+    ended, one past its deadline (EV-5) and a token not handed out are refused with `ResolutionRefused`, and
+    nothing is written. `by`, `wait` and `dispatch` are `resolve`'s.
+    """
+    try:
+        stored = _ANY.dump_python(payload, mode='json')
+    except Exception as exc:
+        raise TypeError(f'The payload must be JSON data, a pydantic model or a dataclass: {exc}') from None
+    decision = CallDecision('result', time.time(), by, value=stored)
+    return await resolve_event(journal, token, decision, wait=wait, dispatch=dispatch)
+
+
+async def fail_external_event(
+    journal: Journal, token: str, reason: str, *, by: str | None = None, wait: float = 10.0, dispatch: bool = False
+) -> Resolution:
+    """End a wait on an external event without a payload: in its next attempt the wait raises `ExternalEventError`
+    with `reason`, so `HandleDeferredToolCalls` denies the calls it waited on, saying why (EV-4).
+
+    Refused, and resolved, as `resolve_external_event` is.
+    """
+    decision = CallDecision('denied', time.time(), by, message=reason)
+    return await resolve_event(journal, token, decision, wait=wait, dispatch=dispatch)

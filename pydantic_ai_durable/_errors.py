@@ -12,6 +12,7 @@ __all__ = (
     'DurableError',
     'EncryptionMismatch',
     'ExecutionBusy',
+    'ExecutionWaiting',
     'ExportInvalid',
     'ImportRefused',
     'JournalCorrupt',
@@ -243,4 +244,25 @@ class DispatchFailed(DurableError):
         super().__init__(
             f'Execution {key!r}: the decisions are recorded, but sending it on to a worker failed ({reason}). '
             "They stand: the workers' sweep sends it once resume_after has passed."
+        )
+
+
+class ExecutionWaiting(DurableError):
+    """The run handed a resume token on and waits for it to be resolved: the execution is now `waiting` (EV-2).
+
+    Raised out of `agent.run()` inside `execution(key)` when a wait on an external event (`HandleDeferredToolCalls`
+    with a handler that takes a token, `wait_for_external_event`) was not answered by its `ask`. Nothing failed
+    and nothing is held: the attempt ends `waiting`, and once the token is resolved (`resolve_external_event`,
+    `fail_external_event`, the CLI's `resolve-event`) the same code run again goes on with the payload. `wait` is
+    the wait's ref (`NAME@RUN:POSITION`), `deadline` epoch seconds or `None`.
+    """
+
+    def __init__(self, key: str, *, name: str, wait: str, deadline: float | None) -> None:
+        self.key = key
+        self.name = name
+        self.wait = wait
+        self.deadline = deadline
+        super().__init__(
+            f'Execution {key!r} waits on the external event {name!r} ({wait}): its ask handed the resume token on. '
+            'Run the same code again once the token is resolved; it goes on with the payload.'
         )

@@ -90,8 +90,9 @@ class Execution:
 
     @property
     def waiting_on(self) -> tuple[str, ...]:
-        """The tool call ids this attempt's runs left waiting for a decision; once the scope ended without an
-        error, non-empty exactly when the execution ended `waiting`."""
+        """The tool call ids this attempt's runs left waiting for a decision, and the names of the waits on external
+        events they left unresolved (EV-2); once the scope ended without an error other than `ExecutionWaiting`,
+        non-empty exactly when the execution ended `waiting`."""
         return self._attempt.waiting_on
 
     def __repr__(self) -> str:

@@ -5,7 +5,7 @@ without writing code. The CLI only works on a journal that already exists: it ne
 directory or a database schema, so a mistyped path is reported instead of silently becoming an empty
 journal. Modules: `_parsing` (the command line), `_target` (opening the journal), `_render`, `_commands`, `_transfer`
 (export, import, fork, messages), `_files` (the files they read and write), `_waiting` (approve, deny, complete,
-and the calls `show` lists), `_serve` (the console).
+resolve-event, fail-event, and the calls `show` lists), `_serve` (the console).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ._render import escape
 from ._serve import serve_command
 from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, open_target
 from ._transfer import export_command, fork_command, import_command, messages_command
-from ._waiting import decide_command
+from ._waiting import decide_command, event_command
 
 __all__ = ('EXIT_NOT_FOUND', 'EXIT_OK', 'EXIT_USAGE', 'main', 'parse_duration', 'run_order')
 
@@ -77,6 +77,17 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
                 options.call_id,
                 message=getattr(options, 'message', None),
                 result=getattr(options, 'result', None),
+                by=options.by,
+                dispatch=options.dispatch,
+                as_json=options.json,
+            )
+        if options.command in ('resolve-event', 'fail-event'):
+            return event_command(
+                target,
+                command,
+                options.token,
+                payload=getattr(options, 'payload', None),
+                reason=getattr(options, 'reason', None),
                 by=options.by,
                 dispatch=options.dispatch,
                 as_json=options.json,

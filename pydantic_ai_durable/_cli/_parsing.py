@@ -117,6 +117,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         ('approve', 'approve a tool call a waiting execution waits on; its next attempt runs the tool'),
         ('deny', 'deny a tool call a waiting execution waits on; the model is told so'),
         ('complete', 'give the result of a tool call a waiting execution waits on, from outside'),
+        ('resolve-event', 'resolve a wait on an external event by its resume token; its next attempt goes on'),
+        ('fail-event', 'fail a wait on an external event by its resume token; the run is told why'),
         ('serve', 'serve the console in the browser (needs the extra console)'),
     ):
         sub[name] = commands.add_parser(name, help=help_text, description=help_text.capitalize() + '.')
@@ -193,6 +195,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
             help="import MODULE, which defines the app's durable tasks, and send the task on through it once its "
             "last call is decided (without it, the workers' sweep sends it after resume_after)",
         )
+    for name in ('resolve-event', 'fail-event'):
+        sub[name].add_argument(
+            'token', metavar='TOKEN', help="the resume token the wait's ask was given (- reads stdin)"
+        )
+        sub[name].add_argument('--by', metavar='NAME', default=None, help='who resolves (default: your user name)')
+        sub[name].add_argument(
+            '--dispatch', metavar='MODULE', default=None, help="as approve's: send the task on through MODULE's fleet"
+        )
+    sub['resolve-event'].add_argument('--payload', metavar='JSON', required=True, help='the payload, as JSON')
+    sub['fail-event'].add_argument('--reason', metavar='TEXT', required=True, help='why no payload is coming')
     sub['deny'].add_argument('--message', metavar='TEXT', default=None, help='what the model is told')
     sub['complete'].add_argument('--result', metavar='JSON', required=True, help="the tool's result, as JSON")
     states = {

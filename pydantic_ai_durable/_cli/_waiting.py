@@ -1,4 +1,5 @@
-"""The CLI for executions that wait: `approve`, `deny`, `complete`, and what `show` prints of the calls.
+"""The CLI for executions that wait: `approve`, `deny`, `complete`, `resolve-event`, `fail-event`, and what `show`
+prints of the calls.
 
 An operator decides a call with the key and the call id alone, from any shell that reaches the journal;
 the decision goes through the journal core's `resolve_calls`, fenced under a lease like every write, so
@@ -19,13 +20,13 @@ import time
 from typing import Any
 
 from .._answers import answered
-from .._core import Resolution, resolve_calls
+from .._core import Resolution, resolve_calls, resolve_event
 from .._errors import DurableError, ExecutionBusy, ResolutionRefused
 from ..journals import KEYS_VARIABLE, SEALED, CallDecision, DeferredCall, deferred_calls
 from ._render import cell, local, plural, print_json, print_lines, quote, table
 from ._target import EXIT_OK, EXIT_USAGE, Failure, Target, run_on
 
-__all__ = ('calls_lines', 'decide_command', 'default_resolver', 'import_tasks', 'sealed_note')
+__all__ = ('calls_lines', 'decide_command', 'default_resolver', 'event_command', 'import_tasks', 'sealed_note')
 
 _ARGS_WIDTH = 60
 
@@ -93,6 +94,48 @@ def decide_command(
     return EXIT_OK
 
 
+def event_command(
+    target: Target,
+    command: str,
+    token: str,
+    *,
+    payload: str | None,
+    reason: str | None,
+    by: str | None,
+    dispatch: str | None = None,
+    as_json: bool,
+) -> int:
+    """`resolve-event` or `fail-event`: end a wait on an external event by its resume token (EV-3, EV-4)."""
+    if token == '-':
+        token = sys.stdin.read().strip()
+    who = by if by is not None else default_resolver()
+    if command == 'fail-event':
+        decision = CallDecision('denied', time.time(), who, message=reason or 'The wait was failed.')
+    else:
+        try:
+            value = json.loads(payload or '')
+        except ValueError as exc:
+            raise Failure(f'--payload must be JSON (quote a string as \'"text"\'): {exc}', EXIT_USAGE) from None
+        decision = CallDecision('result', time.time(), who, value=value)
+    if dispatch is not None:
+        import_tasks(dispatch)
+
+    async def decide(journal: Any) -> Resolution:
+        try:
+            return await resolve_event(journal, token, decision, dispatch=dispatch is not None)
+        except (ResolutionRefused, ExecutionBusy, DurableError) as exc:
+            raise Failure(' '.join(str(exc).split())) from None
+
+    resolution = run_on(target, decide)
+    if as_json:
+        print_json(resolution.as_json())
+        return EXIT_OK
+    done = 'already ' if resolution.unchanged else ''
+    verb = 'failed' if command == 'fail-event' else 'resolved'
+    print_lines([f'{done}{verb} the wait of execution {quote(resolution.key)}; its next attempt goes on with it'])
+    return EXIT_OK
+
+
 def import_tasks(module: str) -> None:
     """Import the app's module of durable tasks, as `celery -A` does: its fleet becomes this process's dispatcher."""
     if os.getcwd() not in sys.path:
@@ -120,7 +163,9 @@ def calls_lines(record: dict[str, Any] | None) -> list[str]:
                 call.kind,
                 local(call.since),
                 local(call.deadline) if call.deadline is not None else 'none',
-                cell(json.dumps(call.arguments, ensure_ascii=False, separators=(',', ':')), _ARGS_WIDTH),
+                'a resume token (resolve-event)'  # EV-3: resolved by its token alone
+                if call.kind == 'event'
+                else cell(json.dumps(call.arguments, ensure_ascii=False, separators=(',', ':')), _ARGS_WIDTH),
             ]
             for call in pending
         ]

@@ -10,18 +10,38 @@ again), and `_rekey` (rewrites every value under the current encryption key); `_
 text read one value at a time), `_export`, `_import`, `_transfer` (executions moved between journals, or
 forked) and `_conversation` (a run read back as messages); `_waiting` (the calls an attempt's runs deferred)
 and `_resolve` (deciding them from anywhere, and deadlines), with `_times` (stored times as text, even one beyond
-the calendar). The rest of the package imports the names below
+the calendar); `_events` (waits on external events: resume tokens, resolved by token alone). The rest of the
+package imports the names below
 from here.
 """
 
 from ._attempt import Attempt, CleanupMode
 from ._conversation import recorded_conversation
+from ._events import (
+    EventWait,
+    event_ref,
+    event_slot,
+    make_token,
+    new_secret,
+    note_event,
+    resolve_event,
+    settle_overdue,
+)
 from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits, parse_document, snapshot_from_document
 from ._fences import RunMeta
 from ._import import ImportReport, write_snapshot
 from ._records import ENTRY_VERSION, MODEL_ERROR, Kind, latest_spend, missing_links, parse_entry, run_order, spend_cost
 from ._rekey import RekeyReport, rekey
-from ._resolve import Resolution, call_json, deny_overdue, describe, pending_calls, resolve_calls, set_dispatcher
+from ._resolve import (
+    Resolution,
+    call_json,
+    deny_overdue,
+    describe,
+    pending_calls,
+    resolve_calls,
+    secret_digest,
+    set_dispatcher,
+)
 from ._retention import FROM_JOURNAL, METADATA_LIMIT, check_metadata, check_same_work
 from ._retry import retry_delay
 from ._run import DivergenceMode, Run, check_divergence_mode
@@ -46,6 +66,7 @@ __all__ = (
     'Deferral',
     'Divergence',
     'DivergenceMode',
+    'EventWait',
     'ImportReport',
     'Kind',
     'Limits',
@@ -69,22 +90,30 @@ __all__ = (
     'decisions_for',
     'deny_overdue',
     'describe',
+    'event_ref',
+    'event_slot',
     'export_execution',
     'fork_execution',
     'import_execution',
     'latest_spend',
+    'make_token',
     'missing_links',
+    'new_secret',
     'note_answered',
     'note_deferred',
+    'note_event',
     'parse_document',
     'parse_entry',
     'pending_calls',
     'recorded_conversation',
     'rekey',
     'resolve_calls',
+    'resolve_event',
     'retry_delay',
     'run_order',
+    'secret_digest',
     'set_dispatcher',
+    'settle_overdue',
     'snapshot_from_document',
     'spend_cost',
     'still_waiting',

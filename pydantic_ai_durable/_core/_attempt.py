@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Collection
 from secrets import token_hex
 from typing import Any, Literal, TypeVar
 
-from .._errors import ExecutionBusy, JournalError, JournalUnavailable, LeaseLost
+from .._errors import ExecutionBusy, ExecutionWaiting, JournalError, JournalUnavailable, LeaseLost
 from .._runtime import (
     DEADLINE,
     DEFAULT_RETENTION,
@@ -211,7 +211,7 @@ class Attempt:
 
     async def _finish_state(self, state: StoreHold, error: BaseException | None, *, patient: bool) -> None:
         journal = state.journal
-        if error is None and still_waiting(state.record):  # WT-1: kept, whatever the cleanup, out of retention's reach
+        if (error is None or isinstance(error, ExecutionWaiting)) and still_waiting(state.record):  # WT-1, EV-2
             await self._write_record(
                 state, status='waiting', history=ended(state.record, self.number, 'waiting'), patient=patient
             )

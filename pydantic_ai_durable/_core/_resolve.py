@@ -15,6 +15,8 @@ through this process's dispatcher: the fleet core installs its `redispatch` when
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import sys
 import time
@@ -44,11 +46,13 @@ __all__ = (
     'Dispatcher',
     'Resolution',
     'call_json',
+    'deadline_message',
     'deny_listed',
     'deny_overdue',
     'describe',
     'pending_calls',
     'resolve_calls',
+    'secret_digest',
     'set_dispatcher',
 )
 
@@ -59,8 +63,9 @@ _RESOLVE_TTL = 5.0
 _POLL_FIRST = 0.05
 _POLL_MAX = 0.5
 
-_ALLOWED = {'approval': ('approved', 'denied'), 'external': ('result', 'denied')}
-"""What each kind of call may be decided as: an outside result can be refused (the tool failed), not approved."""
+_ALLOWED = {'approval': ('approved', 'denied'), 'external': ('result', 'denied'), 'event': ('result', 'denied')}
+"""What each kind of call may be decided as: an outside result can be refused (the tool failed), not approved;
+an external event gets its payload, or fails (EV-3)."""
 
 Dispatcher = Callable[[Journal, str], Awaitable[None]]
 """How this process sends execution `key` of `journal` on to a worker: the fleet core's `redispatch`."""
@@ -149,7 +154,13 @@ def _check_open(key: str, record: dict[str, Any] | None) -> None:
 
 
 async def resolve_calls(
-    journal: Journal, key: str, decisions: Mapping[str, CallDecision], *, wait: float = 10.0, dispatch: bool = False
+    journal: Journal,
+    key: str,
+    decisions: Mapping[str, CallDecision],
+    *,
+    wait: float = 10.0,
+    dispatch: bool = False,
+    secret: str | None = None,
 ) -> Resolution:
     """Record `decisions` (by tool call id) for the calls execution `key` waits on, all of them or none (WT-2).
 
@@ -161,13 +172,16 @@ async def resolve_calls(
     execution on to a worker through this process's dispatcher; a `DurableError` before anything is
     written when there is none. A send that fails raises `DispatchFailed` after the decisions are recorded:
     they stand, and the fleet's sweep sends the execution once its `resume_after` has passed.
+
+    A wait on an external event is decided only with `secret`, the random part of the token it handed out
+    (`resolve_event`), or by its deadline; `secret` decides nothing else (EV-3).
     """
     if not decisions:
         raise ValueError('resolve() needs at least one decision: approvals={call_id: ...} or results={call_id: ...}.')
     for call_id, decision in decisions.items():
         _check_json(key, call_id, decision)
     dispatcher = _dispatcher(key) if dispatch else None
-    resolution = await _resolve(journal, key, decisions, wait)
+    resolution = await _resolve(journal, key, decisions, wait, secret)
     if dispatcher is None or not resolution.completed:
         return resolution
     try:
@@ -207,7 +221,9 @@ def _dispatcher(key: str) -> Dispatcher:
     return _DISPATCHER[0]
 
 
-async def _resolve(journal: Journal, key: str, decisions: Mapping[str, CallDecision], wait: float) -> Resolution:
+async def _resolve(
+    journal: Journal, key: str, decisions: Mapping[str, CallDecision], wait: float, secret: str | None
+) -> Resolution:
     holder = new_holder()
     start_holding(holder)
     try:
@@ -222,14 +238,16 @@ async def _resolve(journal: Journal, key: str, decisions: Mapping[str, CallDecis
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, _POLL_MAX)
         try:
-            return await _decide(journal, key, decisions, lease.epoch)
+            return await _decide(journal, key, decisions, lease.epoch, secret)
         finally:
             await journal.release_lease(key, holder, lease.epoch)
     finally:
         end_holding(holder)
 
 
-async def _decide(journal: Journal, key: str, decisions: Mapping[str, CallDecision], epoch: int) -> Resolution:
+async def _decide(
+    journal: Journal, key: str, decisions: Mapping[str, CallDecision], epoch: int, secret: str | None = None
+) -> Resolution:
     record = await journal.read_execution(key)
     _check_open(key, record)
     if not isinstance(record, dict) or record.get('v') != ENTRY_VERSION:
@@ -245,6 +263,7 @@ async def _decide(journal: Journal, key: str, decisions: Mapping[str, CallDecisi
     now = time.time()
     for call_id, decision in decisions.items():
         slot, call = _target(key, call_id, slots)
+        _check_token(key, call_id, call, record[DEFERRED][slot], decision, secret)
         if decision.kind not in _ALLOWED[call.kind]:
             wanted = 'approve or deny it' if call.kind == 'approval' else 'give its result, or deny it'
             raise ResolutionRefused(
@@ -290,6 +309,31 @@ async def _decide(journal: Journal, key: str, decisions: Mapping[str, CallDecisi
     pending = tuple(call.call_id for call in deferred_calls(record) if call.pending)
     decided = tuple(call_id for call_id, _ in changes.values())
     return Resolution(key, decided, tuple(unchanged), pending, metadata_of(record))
+
+
+def _check_token(
+    key: str, given: str, call: DeferredCall, stored: dict[str, Any], decision: CallDecision, secret: str | None
+) -> None:
+    """A wait on an external event is resolved by its token only, and a token resolves nothing else (EV-3)."""
+    if secret is None and (call.kind != 'event' or decision.via == 'deadline'):
+        return
+    if call.kind != 'event':
+        raise ResolutionRefused(key, given, 'a resume token resolves only a wait on an external event')
+    kept = stored.get('token')
+    if secret is None:
+        raise ResolutionRefused(
+            key,
+            given,
+            f'{given!r} waits on an external event: resolve it with the token its ask was given '
+            "(resolve_external_event, or the CLI's resolve-event)",
+        )
+    if not isinstance(kept, str) or not hmac.compare_digest(kept, secret_digest(secret)):
+        raise ResolutionRefused(key, given, 'the token is not the one this wait handed out: nothing was resolved')
+
+
+def secret_digest(secret: str) -> str:
+    """What the record keeps of a resume token's secret (EV-3): enough to check a token, not to make one."""
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def _target(key: str, given: str, slots: list[tuple[str, DeferredCall]]) -> tuple[str, DeferredCall]:
@@ -379,7 +423,9 @@ async def deny_listed(
                 kind='denied',
                 at=moment,
                 via='deadline',
-                message=f'Nobody decided this call within {_span(call.deadline - call.since)}: '
+                message=deadline_message(call.deadline - call.since)
+                if call.kind == 'event'
+                else f'Nobody decided this call within {_span(call.deadline - call.since)}: '
                 'it timed out and was denied.',
             )
             for call in info.pending
@@ -392,6 +438,11 @@ async def deny_listed(
         except (ExecutionBusy, ResolutionRefused) as exc:
             log.info('Execution %r: its overdue calls were left for a later sweep (%s).', info.key, exc)
     return resolved
+
+
+def deadline_message(seconds: float) -> str:
+    """What a wait on an external event past its deadline raises in the run (EV-5), as pydantic-ai words it."""
+    return f'No resolution arrived within {_span(seconds)}.'
 
 
 def _span(seconds: float) -> str:

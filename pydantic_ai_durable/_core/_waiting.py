@@ -64,7 +64,11 @@ def _slot(calls: dict[str, Any], call_id: str, run: str, wait: int, tool: str, d
     id never reach its decision.
     """
     for slot, item in calls.items():
-        if isinstance(item, dict) and (item.get('id', slot), item.get('run'), item.get('wait')) == (call_id, run, wait):
+        if (
+            isinstance(item, dict)
+            and item.get('kind') != 'event'  # a wait on an external event is no tool call (EV-1)
+            and (item.get('id', slot), item.get('run'), item.get('wait')) == (call_id, run, wait)
+        ):
             return slot
     legacy = calls.get(call_id)
     if (
@@ -157,6 +161,7 @@ def note_answered(record: dict[str, Any], run: str, answered: Iterable[tuple[str
     for slot, known in calls.items():
         if (
             isinstance(known, dict)
+            and known.get('kind') != 'event'
             and known.get('run') != run
             and (known.get('id', slot), known.get('tool'), known.get('digest')) in given
             and known.get('answered') is None
@@ -206,6 +211,7 @@ def decided_at(record: dict[str, Any], run: str, waits: Iterable[tuple[str, int]
         for slot, item in calls.items():
             if (
                 isinstance(item, dict)
+                and item.get('kind') != 'event'
                 and (item.get('id', slot), item.get('run'), item.get('wait')) == (call_id, run, wait)
                 and item.get('decision') is not None
                 and item.get('again') is None

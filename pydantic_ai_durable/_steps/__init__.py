@@ -10,12 +10,13 @@ form of tool outcomes), `_codec` (pydantic-ai's payload codec, with the decoded 
 `_opt_out` (tools that never replay), `_warm` (encoders built before the first request), `_model_errors`
 (a failed model request's error as its recorded outcome, A-16) and `_waits` (the graph's waits before a
 recorded step skipped, A-17); `_waiting` notes the calls a run ends waiting on and hands it the recorded
-decisions.
+decisions, `_external_events` journals waits on external events (resume tokens).
 """
 
 from ._backend import DurableBackend as DurableBackend
 from ._codec import PAYLOAD_CODEC as PAYLOAD_CODEC
 from ._codec import not_journalable as not_journalable
+from ._external_events import waits_on_events as waits_on_events
 from ._leaf import DurableLeafToolset as DurableLeafToolset
 from ._model_errors import MODEL_ERRORS_RECORDED as MODEL_ERRORS_RECORDED
 from ._opt_out import opted_out_toolsets as opted_out_toolsets

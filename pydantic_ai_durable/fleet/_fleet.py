@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import DurableError, ExecutionBusy, ExecutionInfo, Journal, sweep_interrupted
+from .. import DurableError, ExecutionBusy, ExecutionInfo, ExecutionWaiting, Journal, sweep_interrupted
 from ._delivery import FIXED_FIELDS, Delivery
 from ._waiting import Waiting
 
@@ -127,7 +127,10 @@ class Fleet:
                     break
                 except ExecutionBusy as busy:
                     await asyncio.sleep(_pause(busy, deadline))
-            value = await body()
+            try:
+                value: _T | None = await body()
+            except ExecutionWaiting:  # EV-6: the run handed a resume token on; the delivery ends like WT-4's
+                value = None
         return _outcome(delivery, handle, value)
 
     def run_sync(self, delivery: Delivery, body: Callable[[], _T], *, wait: bool = False) -> _T | Waiting:
@@ -148,7 +151,10 @@ class Fleet:
                     break
                 except ExecutionBusy as busy:
                     time.sleep(_pause(busy, deadline))
-            value = body()
+            try:
+                value: _T | None = body()
+            except ExecutionWaiting:  # EV-6
+                value = None
         return _outcome(delivery, handle, value)
 
     def _deadline(self, delivery: Delivery, wait: bool) -> float | None:
@@ -199,13 +205,13 @@ class Fleet:
         return select
 
 
-def _outcome(delivery: Delivery, handle: Execution, value: _T) -> _T | Waiting:
+def _outcome(delivery: Delivery, handle: Execution, value: _T | None) -> _T | Waiting:
     """What a delivery returns: the body's value, or `Waiting` when its execution ended waiting."""
     pending = handle.waiting_on
     if pending:
         log.info('Execution %r waits on %s; its delivery ends, and a decision sends it on.', delivery.key, pending)
         return Waiting(delivery.key, pending)
-    return value
+    return value  # type: ignore[return-value]  # `None` only with a wait, which returned above
 
 
 def _pause(busy: ExecutionBusy, deadline: float | None) -> float:

@@ -32,7 +32,7 @@ that name first (a reused id), then `ID@RUN:WAIT`. Releases before WT-7 stored t
 neither `id` nor `wait`: such a slot is read as that call id, and is taken by the first wait of its run that
 asks the same tool with the same arguments."""
 
-CallKind = Literal['approval', 'external']
+CallKind = Literal['approval', 'external', 'event']
 DecisionKind = Literal['approved', 'denied', 'result']
 DecisionSource = Literal['resolve', 'deadline']
 
@@ -84,7 +84,8 @@ class DeferredCall:
     call_id: str
     tool_name: str
     kind: CallKind
-    """`approval`: the tool runs once a person approves it; `external`: its result comes from outside."""
+    """`approval`: the tool runs once a person approves it; `external`: its result comes from outside; `event`: a
+    wait on an external event (EV-1), named `tool_name`, resolved by its resume token only."""
     arguments: Any
     """The arguments the model gave, with registered secrets masked (K-rules)."""
     run: str
@@ -166,7 +167,7 @@ def deferred_slots(record: dict[str, Any] | None, *, pending_only: bool = False)
         return []
     calls: list[tuple[str, DeferredCall]] = []
     for slot, item in stored.items():
-        if not isinstance(item, dict) or item.get('kind') not in ('approval', 'external'):
+        if not isinstance(item, dict) or item.get('kind') not in ('approval', 'external', 'event'):
             continue
         again = item.get('again') if item.get('again') in ('approval', 'external') else None
         if pending_only and ((item.get('decision') is not None and again is None) or item.get('answered') is not None):
