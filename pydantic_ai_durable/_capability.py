@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar
 
+import anyio
+from pydantic_ai._agent_graph import set_agent_graph_sleep
 from pydantic_ai.agent import AbstractAgent, EventStreamHandler
 from pydantic_ai.capabilities import AbstractCapability, WrapOutputProcessHandler, WrapRunHandler
 from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec, conversation_id_from_run_id
@@ -19,6 +22,7 @@ from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolse
 
 from ._active_run import ActiveRun, activated, active_run
 from ._compat import (
+    BASE_ROUTES_SLEEP,
     CANCELLATION_TOKENS_ACCEPTED,
     check_private_hooks,
     in_pydantic_ai_unit,
@@ -34,6 +38,7 @@ from ._steps import (
     DurableBackend,
     DurableLeafToolset,
     check_wait_timeout,
+    durable_wait,
     journal_output_process,
     not_journalable,
     note_run_end,
@@ -202,7 +207,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         ledger.credit_first_replay(run)
         with activated(self, active):
             try:
-                with traced_run(run, ctx.capabilities, lambda: spend.attempt):
+                with traced_run(run, ctx.capabilities, lambda: spend.attempt), self._timer_scope():
                     result = await super().wrap_run(ctx, handler=handler)  # A-12: the base's duties, inherited
             except SimulatedCrash:
                 raise  # stands for a process death, which writes nothing
@@ -218,6 +223,22 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         if attempt.cleanup == 'run' and not waits:
             await attempt.cleanup_run(run)
         return result
+
+    async def durable_sleep(self, seconds: float) -> None:
+        """Wait between polls of a background response or a batch as a journaled timer (TM-1, TM-2).
+
+        The wake-up time is a step at the run's position, so a replayed wait sleeps only until then (not at all
+        once it passed), and a wait inside one of the run's steps (a nested run in a tool) is a plain sleep.
+        """
+        active = active_run(self)
+        if active is None or self.in_durable_unit:
+            await anyio.sleep(max(seconds, 0))
+            return
+        await durable_wait(active, seconds)
+
+    def _timer_scope(self) -> AbstractContextManager[None]:
+        """On releases whose base does not route the agent graph's sleep to `durable_sleep` (2.62), route it here."""
+        return nullcontext() if BASE_ROUTES_SLEEP else set_agent_graph_sleep(self.durable_sleep)
 
     async def handle_deferred_tool_calls(
         self, ctx: RunContext[AgentDepsT], *, requests: DeferredToolRequests

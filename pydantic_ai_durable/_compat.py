@@ -24,6 +24,7 @@ from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionTools
 from ._errors import DurableError
 
 __all__ = (
+    'BASE_ROUTES_SLEEP',
     'CANCELLATION_TOKENS_ACCEPTED',
     'PRIVATE_HOOKS',
     'TESTED_PYDANTIC_AI',
@@ -42,6 +43,9 @@ CANCELLATION_TOKENS_ACCEPTED: dict[str, bool] = (
     else {}
 )
 """`engine_spec`'s cancellation-token policy, on the releases whose spec declares one (A-12); empty on 2.62."""
+
+BASE_ROUTES_SLEEP = hasattr(BaseDurabilityCapability, 'durable_sleep')
+"""Whether the base's `wrap_run` routes the graph's sleep to `durable_sleep` (2.78); on 2.62 `Durable` does (TM-1)."""
 
 try:  # pydantic-ai 2.7x: the flag its own operation backend sets around a unit's body
     from pydantic_ai._run_context import in_durable_unit as _pydantic_ai_unit_flag

@@ -195,6 +195,17 @@ class Run:
             log.debug('run %s: replayed step %d (%s)', self.key, position, name)
         return step
 
+    def recorded_next(self) -> str | None:
+        """The name of the step an earlier attempt recorded at the next position, while the run has not diverged.
+
+        Lets a kind of step this version added (a timer, TM-5) step aside where an older version recorded
+        something else, instead of making the run diverge there.
+        """
+        if self.diverged:
+            return None
+        entry = self._entries.get(self.next_position)
+        return None if entry is None else str(entry['name'])
+
     def _match(self, step: Step, earlier: Callable[[], str | None] | None = None) -> dict[str, Any] | None:
         if not step.replayable or self.diverged:
             return None

@@ -8,7 +8,8 @@ listings verified by listing again), `_leaf` (leaf toolsets pydantic-ai does not
 leaf toolset wrapper in `_leaf`, and output processing in `_output`. Beside them: `_payloads` (the recorded
 form of tool outcomes), `_codec` (pydantic-ai's payload codec, with the decoded replay passed through),
 `_opt_out` (tools that never replay) and `_warm` (encoders built before the first request); `_waiting`
-notes the calls a run ends waiting on and hands it the recorded decisions.
+notes the calls a run ends waiting on and hands it the recorded decisions; `_timer` journals the agent graph's
+waits between polls as wake-up times.
 """
 
 from ._backend import DurableBackend as DurableBackend
@@ -19,6 +20,7 @@ from ._opt_out import opted_out_toolsets as opted_out_toolsets
 from ._output import journal_output_process as journal_output_process
 from ._pipeline import StepKind as StepKind
 from ._pipeline import run_step as run_step
+from ._timer import durable_wait as durable_wait
 from ._waiting import check_wait_timeout as check_wait_timeout
 from ._waiting import note_run_end as note_run_end
 from ._waiting import recorded_decisions as recorded_decisions

@@ -1,0 +1,158 @@
+"""Durable timers (TM-1..TM-5): the waits between polls of a batch are journaled wake-up times.
+
+The batch is a provider's double kept in a file (`timer_batch.FileBatchModel`), so submissions and checks are
+counted across processes; sleeps are counted (and wait no wall time) with a clock that moves on by what was slept.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.durable_exec import BaseDurabilityCapability
+from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps, batch_agent
+
+from pydantic_ai_durable import Durable, MemoryJournal, execution
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sleeps]:
+    """Sleeps that wait no wall time, on a clock that moves on by what was slept (from 1000 s)."""
+    counted = Sleeps(real=False)
+    counted.install()
+    try:
+        from pydantic_ai_durable._steps import _timer
+    except ImportError:  # the package before timers reads no clock
+        pass
+    else:
+        monkeypatch.setattr(_timer, 'clock', lambda: 1000.0 + counted.elapsed)
+    try:
+        yield counted
+    finally:
+        counted.uninstall()
+
+
+async def test_tm1_tm3_a_replayed_wait_does_not_sleep_and_a_finished_replay_calls_nothing(
+    sleeps: Sleeps, tmp_path: Path
+) -> None:
+    batches, journal = BatchFile(tmp_path / 'batches.json'), MemoryJournal()
+    agent = batch_agent(journal, batches, interval=30.0, ready_after=3)
+    async with execution('report', journal=journal) as handle:
+        result = await agent.run('summarise the report')
+    assert result.output == ANSWER
+    assert (batches.count('submitted'), batches.count('checks'), sleeps.seconds) == (1, 3, [30.0, 30.0, 30.0])
+    assert [step.name for step in handle.stats.steps].count('durable_sleep') == 3
+
+    sleeps.seconds.clear()
+    async with execution('report', journal=journal) as handle:
+        again = await agent.run('summarise the report')
+    assert again.output == ANSWER
+    assert (batches.count('submitted'), batches.count('checks'), sleeps.seconds) == (1, 3, [])
+    assert {step.outcome for step in handle.stats.steps} == {'replayed'}
+
+
+async def test_tm2_a_recovered_wait_sleeps_only_for_what_is_left(
+    sleeps: Sleeps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches, journal = BatchFile(tmp_path / 'batches.json'), MemoryJournal()
+    agent = batch_agent(journal, batches, interval=30.0)
+
+    class Crash(BaseException):
+        pass
+
+    def crash_in_third_wait(seconds: float) -> None:
+        if len(sleeps.seconds) == 3:
+            sleeps.seconds[-1], sleeps.elapsed = 10.0, 70.0  # ten seconds of the wait passed, then the process died
+            raise Crash
+
+    sleeps.on_sleep = crash_in_third_wait
+    with pytest.raises(Crash):
+        async with execution('report', journal=journal):
+            await agent.run('summarise the report')
+    assert (batches.count('submitted'), batches.count('checks'), sleeps.seconds) == (1, 2, [30.0, 30.0, 10.0])
+
+    batches.set_all('ready')  # ready all along
+    sleeps.on_sleep = None
+    sleeps.seconds.clear()
+    async with execution('report', journal=journal) as handle:
+        result = await agent.run('summarise the report')
+    assert result.output == ANSWER
+    assert sleeps.seconds == [20.0]  # the rest of the third wait, and nothing for the two it replayed
+    assert (batches.count('submitted'), batches.count('checks')) == (1, 3)
+    assert [step.outcome for step in handle.stats.steps].count('live') == 1  # the check
+
+
+class Untimed(Durable[None]):
+    """`Durable` as it was before timers: the agent graph's sleep left plain (the journals it wrote have no timers)."""
+
+    if hasattr(BaseDurabilityCapability, 'durable_sleep'):  # 2.78: the base routes only an overridden one
+        durable_sleep = BaseDurabilityCapability.durable_sleep  # type: ignore[attr-defined]
+
+    def _timer_scope(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+async def test_tm5_a_run_journaled_without_timers_replays_as_recorded(sleeps: Sleeps, tmp_path: Path) -> None:
+    batches, journal = BatchFile(tmp_path / 'batches.json'), MemoryJournal()
+    old = Agent(FileBatchModel(batches, interval=30.0, ready_after=3), name='batched', capabilities=[Untimed(journal)])
+    async with execution('report', journal=journal) as handle:
+        assert (await old.run('summarise the report')).output == ANSWER
+    assert 'durable_sleep' not in [step.name for step in handle.stats.steps]
+
+    sleeps.seconds.clear()
+    new = batch_agent(journal, batches, interval=30.0, ready_after=3)
+    async with execution('report', journal=journal) as handle:
+        assert (await new.run('summarise the report')).output == ANSWER
+    assert (batches.count('submitted'), batches.count('checks'), sleeps.seconds) == (1, 3, [])
+    assert {step.outcome for step in handle.stats.steps} == {'replayed'} and not handle.stats.divergences
+
+
+def child(tmp_path: Path, later: float, kill_at: int = 0) -> subprocess.CompletedProcess[str]:
+    args = [str(tmp_path / 'journal'), str(tmp_path / 'batches.json'), str(tmp_path / 'log'), str(later)]
+    return subprocess.run(
+        [sys.executable, str(HERE / 'timer_child.py'), *args, *([str(kill_at)] if kill_at else [])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=HERE,
+    )
+
+
+def slept(tmp_path: Path) -> list[float]:
+    log = tmp_path / 'log'
+    seconds = [float(line.split()[1]) for line in log.read_text().splitlines()] if log.exists() else []
+    log.unlink(missing_ok=True)
+    return seconds
+
+
+@pytest.mark.skipif(sys.platform == 'win32', reason='SIGKILL is POSIX')
+def test_tm2_tm3_sigkill_inside_a_wait_then_recovery_checks_at_once_and_the_replay_sleeps_nothing(
+    tmp_path: Path,
+) -> None:
+    batches = BatchFile(tmp_path / 'batches.json')
+    killed = child(tmp_path, later=0, kill_at=4)  # killed as its fourth 60 s wait begins
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
+    assert slept(tmp_path) == [60.0] * 4
+    assert (batches.count('submitted'), batches.count('checks')) == (1, 3)
+
+    batches.set_all('ready')  # the batch was ready all along
+    recovered = child(tmp_path, later=180 + 45)  # 45 s after the crash, which came three waits in
+    assert recovered.returncode == 0, recovered.stderr[-3000:]
+    assert recovered.stdout.strip() == ANSWER
+    (left,) = slept(tmp_path)  # only the rest of the interrupted wait; none for the three it replayed
+    assert 0 < left <= 15.0
+    assert (batches.count('submitted'), batches.count('checks')) == (1, 4)
+
+    replay = child(tmp_path, later=3600)  # the finished execution, an hour later
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    assert replay.stdout.strip() == ANSWER
+    assert slept(tmp_path) == []
+    assert (batches.count('submitted'), batches.count('checks'), batches.count('cancels')) == (1, 4, 0)
