@@ -21,6 +21,7 @@ from ._output import journal_output_process as journal_output_process
 from ._pipeline import StepKind as StepKind
 from ._pipeline import run_step as run_step
 from ._timer import durable_wait as durable_wait
+from ._timer import noting_cancellation as noting_cancellation
 from ._waiting import check_wait_timeout as check_wait_timeout
 from ._waiting import note_run_end as note_run_end
 from ._waiting import recorded_decisions as recorded_decisions

@@ -5,12 +5,18 @@ begins. A replayed wait sleeps only until that time, which for every poll an ear
 passed already, so a recovered run goes straight to its first live check; the wait a crash interrupted
 sleeps only for what is left of it. The clock is the wall clock (`time.time`), so the wake-up time means the
 same to every process that continues the execution.
+
+A cancelled attempt (its task cancelled, or its run's `CancellationToken` fired) is noted on the run when the
+cancellation reaches a wait or a poll, and pydantic-ai's cancellation of the job it was waiting on then does
+not reach the provider: the next attempt continues the same job (TM-6).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +25,7 @@ import anyio
 from .._active_run import ActiveRun
 from ._pipeline import StepKind, run_step
 
-__all__ = ('TIMER_STEP', 'Timer', 'durable_wait')
+__all__ = ('TIMER_STEP', 'Timer', 'durable_wait', 'noting_cancellation')
 
 TIMER_STEP = 'durable_sleep'
 """The name every timer step is journaled under (P-3); part of the journal format."""
@@ -59,8 +65,22 @@ async def durable_wait(active: ActiveRun, seconds: float) -> None:
     recorded = active.run.recorded_next()
     if recorded is not None and recorded != TIMER_STEP:
         return
-    payload = await run_step(active, Timer(TIMER_STEP, True, None, False, seconds))
-    wake_at = _wake_at(payload)
-    left = max(seconds, 0.0) if wake_at is None else wake_at - clock()
-    if left > 0:
-        await anyio.sleep(left)
+    async with noting_cancellation(active):
+        payload = await run_step(active, Timer(TIMER_STEP, True, None, False, seconds))
+        wake_at = _wake_at(payload)
+        left = max(seconds, 0.0) if wake_at is None else wake_at - clock()
+        if left > 0:
+            await anyio.sleep(left)
+
+
+@asynccontextmanager
+async def noting_cancellation(active: ActiveRun) -> AsyncIterator[None]:
+    """Note on `active` that the attempt was cancelled, when its cancellation ends this block (TM-6).
+
+    A `CancellationToken` cancels the run's task too, so both arrive here as the event loop's cancellation.
+    """
+    try:
+        yield
+    except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
+        active.cancelled = True
+        raise
