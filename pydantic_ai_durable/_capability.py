@@ -44,6 +44,7 @@ from ._steps import (
     note_run_end,
     opted_out_toolsets,
     recorded_decisions,
+    refuse_other_start,
 )
 from ._tracing import traced_run
 from ._usage import ReplayUsageLedger, RunSpend
@@ -198,6 +199,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         journal = attempt.journal_for(self.journal)
         key = self._numbered.pop((attempt.key, ctx.run_id), '')  # A-14: numbered when its id was given
         run = await attempt.start_run(journal, start=start, on_divergence=self.on_divergence, key=key)
+        refuse_other_start(run)  # TM-9: a run that waits on the provider is not recorded over
         spend = RunSpend(run)
         ctx.usage.incr(spend.earlier)  # U2-2: earlier attempts' spend counts before the first limit check
         ledger = ReplayUsageLedger(run_usage=ctx.usage, usage_limits=ctx.usage_limits)

@@ -140,7 +140,8 @@ def test_tm2_tm3_sigkill_inside_a_wait_then_recovery_checks_at_once_and_the_repl
     batches = BatchFile(tmp_path / 'batches.json')
     killed = child(tmp_path, later=0, kill_at=4)  # killed as its fourth 60 s wait begins
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
-    assert slept(tmp_path) == [60.0] * 4
+    first = slept(tmp_path)
+    assert len(first) == 4 and all(59.0 < seconds <= 60.0 for seconds in first), first  # the wall clock moves on
     assert (batches.count('submitted'), batches.count('checks')) == (1, 3)
 
     batches.set_all('ready')  # the batch was ready all along

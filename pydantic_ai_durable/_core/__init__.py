@@ -18,6 +18,7 @@ from ._conversation import recorded_conversation
 from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits, parse_document, snapshot_from_document
 from ._fences import RunMeta
 from ._import import ImportReport, write_snapshot
+from ._provider_waits import note_provider_wait, provider_job
 from ._records import ENTRY_VERSION, Kind, latest_spend, missing_links, parse_entry, run_order, spend_cost
 from ._rekey import RekeyReport, rekey
 from ._resolve import Resolution, call_json, deny_overdue, describe, pending_calls, resolve_calls, set_dispatcher
@@ -72,9 +73,11 @@ __all__ = (
     'missing_links',
     'note_answered',
     'note_deferred',
+    'note_provider_wait',
     'parse_document',
     'parse_entry',
     'pending_calls',
+    'provider_job',
     'recorded_conversation',
     'rekey',
     'resolve_calls',

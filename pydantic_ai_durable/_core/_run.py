@@ -346,6 +346,10 @@ class Run:
             return
         self._diverge(step, reason)
 
+    def started_alike(self) -> bool:
+        """Whether this run is started with the input the attempt that recorded its first step started it with."""
+        return self._started_alike()
+
     def _started_alike(self) -> bool:
         """Whether this run was started as the attempt that recorded its first step was (M-5).
 

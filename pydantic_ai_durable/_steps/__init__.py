@@ -9,7 +9,7 @@ leaf toolset wrapper in `_leaf`, and output processing in `_output`. Beside them
 form of tool outcomes), `_codec` (pydantic-ai's payload codec, with the decoded replay passed through),
 `_opt_out` (tools that never replay) and `_warm` (encoders built before the first request); `_waiting`
 notes the calls a run ends waiting on and hands it the recorded decisions; `_timer` journals the agent graph's
-waits between polls as wake-up times.
+waits between polls as wake-up times, and `_pending` checks again on a replayed pending response.
 """
 
 from ._backend import DurableBackend as DurableBackend
@@ -18,6 +18,7 @@ from ._codec import not_journalable as not_journalable
 from ._leaf import DurableLeafToolset as DurableLeafToolset
 from ._opt_out import opted_out_toolsets as opted_out_toolsets
 from ._output import journal_output_process as journal_output_process
+from ._pending import refuse_other_start as refuse_other_start
 from ._pipeline import StepKind as StepKind
 from ._pipeline import run_step as run_step
 from ._timer import durable_wait as durable_wait
