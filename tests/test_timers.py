@@ -12,10 +12,14 @@ import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pydantic_ai import Agent
+from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.durable_exec import BaseDurabilityCapability
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.usage import RequestUsage
 from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps, batch_agent
 
 from pydantic_ai_durable import Durable, MemoryJournal, execution
@@ -157,3 +161,80 @@ def test_tm2_tm3_sigkill_inside_a_wait_then_recovery_checks_at_once_and_the_repl
     assert replay.stdout.strip() == ANSWER
     assert slept(tmp_path) == []
     assert (batches.count('submitted'), batches.count('checks'), batches.count('cancels')) == (1, 4, 0)
+
+
+class TwoSegments(FileBatchModel):
+    """A generation the provider pauses once: 'The answer ' (suspended, its own id), then 'is 42.' after a delay."""
+
+    async def request(self, messages: list[Any], model_settings: Any, model_request_parameters: Any) -> ModelResponse:
+        data = self.batches.read()
+        data['submitted' if not isinstance(messages[-1], ModelResponse) else 'checks'] += 1
+        self.batches.write(data)
+        if isinstance(messages[-1], ModelResponse):
+            return ModelResponse(
+                parts=[TextPart('is 42.')],
+                usage=RequestUsage(input_tokens=3, output_tokens=4),
+                provider_response_id='s2',
+            )
+        return ModelResponse(
+            parts=[TextPart('The answer ')],
+            usage=RequestUsage(input_tokens=5, output_tokens=2),
+            provider_response_id='s1',
+            state='suspended',
+        )
+
+    def continuation_delay(self, response: ModelResponse) -> float | None:
+        return 0.2
+
+
+async def test_tm1_tm3_a_paused_generation_waits_on_a_timer_and_counts_as_one_request(
+    sleeps: Sleeps, tmp_path: Path
+) -> None:
+    """pydantic-ai's Temporal suite checks that the delay before continuing a paused segment is a durable timer,
+    each segment its own unit, and the chain one request; here the same, then the replay: nothing runs again."""
+    batches, journal = BatchFile(tmp_path / 'batches.json'), MemoryJournal()
+    agent = Agent(TwoSegments(batches), name='paused', capabilities=[Durable(journal)])
+    async with execution('paused', journal=journal) as handle:
+        result = await agent.run('go')
+    assert result.output == 'The answer is 42.'
+    assert [step.kind for step in handle.stats.steps] == ['model', 'other', 'model']
+    assert [step.name for step in handle.stats.steps][1] == 'durable_sleep'
+    assert (result.usage.requests, result.usage.input_tokens, result.usage.output_tokens) == (1, 8, 6)
+    assert (batches.count('submitted'), batches.count('checks'), sleeps.seconds) == (1, 1, [pytest.approx(0.2)])
+
+    sleeps.seconds.clear()
+    async with execution('paused', journal=journal) as handle:
+        again = await agent.run('go')
+    assert again.output == 'The answer is 42.'
+    assert (again.usage.requests, again.usage.input_tokens, again.usage.output_tokens) == (1, 8, 6)
+    assert (batches.count('submitted'), batches.count('checks'), sleeps.seconds) == (1, 1, [])
+    assert {step.outcome for step in handle.stats.steps} == {'replayed'}
+
+
+async def test_tm1_a_wait_inside_a_tool_is_a_plain_sleep_of_the_tool(sleeps: Sleeps, tmp_path: Path) -> None:
+    """A nested run in a tool inherits the graph's sleep: its wait is part of the tool's step, not a timer."""
+    batches, journal = BatchFile(tmp_path / 'batches.json'), MemoryJournal()
+    inner = Agent(TwoSegments(batches), name='inner')
+
+    async def ask_inner() -> str:
+        return (await inner.run('go')).output
+
+    def outer_model(messages: list[Any], info: Any) -> ModelResponse:
+        if any(isinstance(part, ToolReturnPart) for message in messages for part in message.parts):
+            return ModelResponse(parts=[TextPart('done')])
+        return ModelResponse(parts=[ToolCallPart('ask_inner', {}, tool_call_id='c1')])
+
+    outer = Agent(
+        FunctionModel(outer_model, model_name='outer'),
+        name='outer',
+        toolsets=[FunctionToolset([ask_inner], id='inner_tools')],
+        capabilities=[Durable(journal)],
+    )
+    async with execution('nested', journal=journal) as handle:
+        assert (await outer.run('go')).output == 'done'
+    assert 'durable_sleep' not in [step.name for step in handle.stats.steps]
+    assert sleeps.seconds == [pytest.approx(0.2)]
+    sleeps.seconds.clear()
+    async with execution('nested', journal=journal):
+        assert (await outer.run('go')).output == 'done'
+    assert (batches.count('submitted'), batches.count('checks'), sleeps.seconds) == (1, 1, [])
