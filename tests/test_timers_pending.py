@@ -7,7 +7,7 @@ so a run ends as soon as its request is left waiting on the batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ from pydantic_ai import Agent
 from pydantic_ai.output import PendingModelResponse
 from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps
 
-from pydantic_ai_durable import Durable, DurableError, MemoryJournal, execution
+from pydantic_ai_durable import Durable, DurableError, Journal, MemoryJournal, execution
 
 PROMPT = 'summarise the report'
 
@@ -30,7 +30,7 @@ def sleeps() -> Iterator[Sleeps]:
         counted.uninstall()
 
 
-def pending_agent(journal: MemoryJournal, batches: BatchFile) -> Agent[None, str | PendingModelResponse]:
+def pending_agent(journal: Journal | None, batches: BatchFile) -> Agent[None, str | PendingModelResponse]:
     return Agent(
         FileBatchModel(batches, interval=30.0),
         name='batched',
@@ -55,28 +55,38 @@ def counts(batches: BatchFile) -> tuple[int, int, int]:
 
 
 async def test_tm7_tm8_a_pending_run_waits_and_the_same_code_checks_the_same_request_until_it_goes_on(
-    sleeps: Sleeps, tmp_path: Path
+    sleeps: Sleeps, tmp_path: Path, new_journal: Callable[[], Journal]
 ) -> None:
-    batches, journal = BatchFile(tmp_path / 'batches.json'), MemoryJournal()
-    agent = pending_agent(journal, batches)
+    batches = BatchFile(tmp_path / 'batches.json')
+    agent = pending_agent(None, batches)  # each attempt opens the journal anew, as a new process would
 
-    first = await attempt(agent, journal)
+    async def attempt() -> object:
+        journal = new_journal()
+        async with execution('report', journal=journal):
+            result = await agent.run(PROMPT)
+        return result.output
+
+    async def state() -> str:
+        (info,) = await new_journal().list_executions()
+        return info.state
+
+    first = await attempt()
     assert isinstance(first, PendingModelResponse)
     assert counts(batches) == (1, 0, 0)
-    assert await state(journal) == 'waiting'  # on the provider, not finished
+    assert await state() == 'waiting'  # on the provider, not finished
 
-    again = await attempt(agent, journal)  # still pending: checked once, not submitted again
+    again = await attempt()  # still pending: checked once, not submitted again
     assert isinstance(again, PendingModelResponse)
     assert again.response.provider_response_id == 'batch-1'
     assert counts(batches) == (1, 1, 0)
-    assert await state(journal) == 'waiting'
+    assert await state() == 'waiting'
 
     batches.set_all('ready')
-    assert await attempt(agent, journal) == ANSWER
+    assert await attempt() == ANSWER
     assert counts(batches) == (1, 2, 0)
-    assert await state(journal) == 'finished'
+    assert await state() == 'finished'
 
-    assert await attempt(agent, journal) == ANSWER  # the replay of the finished execution calls nothing
+    assert await attempt() == ANSWER  # the replay of the finished execution calls nothing
     assert counts(batches) == (1, 2, 0) and sleeps.seconds == []
 
 

@@ -66,12 +66,13 @@ async def checked(
     if response is None or response.state != 'suspended':
         return payload
     check = request.name + CHECK_SUFFIX
-    live = provider_job(active.run.state.record, active.run.key) == response.provider_response_id is not None
+    noted = provider_job(active.run.state.record, active.run.key)  # the job the run last ended waiting on
+    checked_live = False
     while response is not None and response.state == 'suspended':
         if active.run.recorded_next() != check:
-            if not live:
+            if checked_live or noted is None or response.provider_response_id != noted:
                 break
-            live = False
+            checked_live = True
         model_id, messages, settings, params, ctx = cache_key[:5]
         sent = [*cast('list[ModelMessage]', messages), response]
         key = (model_id, sent, settings, params, ctx, *cache_key[5:])
