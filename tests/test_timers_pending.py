@@ -7,6 +7,7 @@ so a run ends as soon as its request is left waiting on the batch.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,7 +16,15 @@ from pydantic_ai import Agent
 from pydantic_ai.output import PendingModelResponse
 from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps
 
-from pydantic_ai_durable import Durable, DurableError, Journal, MemoryJournal, execution
+from pydantic_ai_durable import (
+    Durable,
+    DurableError,
+    ExecutionInfo,
+    Journal,
+    MemoryJournal,
+    execution,
+    sweep_interrupted,
+)
 
 PROMPT = 'summarise the report'
 
@@ -108,3 +117,35 @@ async def test_tm9_continuing_a_pending_run_in_its_own_key_with_its_history_is_r
     assert await attempt(agent, journal) == ANSWER  # the original call goes on: the same batch, checked once
     assert counts(batches) == (1, 1, 0)
     assert await state(journal) == 'finished'
+
+
+async def test_tm7_the_sweep_sends_a_run_waiting_on_the_provider_on_once_per_idle(
+    sleeps: Sleeps, tmp_path: Path, new_journal: Callable[[], Journal]
+) -> None:
+    idle = 0.3
+    batches, journal = BatchFile(tmp_path / 'batches.json'), new_journal()
+    agent = pending_agent(None, batches)
+    sent: list[str] = []
+
+    def dispatch(info: ExecutionInfo) -> None:
+        sent.append(info.key)
+
+    async def attempt() -> object:
+        async with execution('report', journal=new_journal()):
+            return (await agent.run(PROMPT)).output
+
+    assert isinstance(await attempt(), PendingModelResponse)
+    assert await sweep_interrupted(journal, dispatch, idle=idle) == []  # not idle yet
+    await asyncio.sleep(idle)
+    assert await sweep_interrupted(journal, dispatch, idle=idle) == ['report']
+    assert await sweep_interrupted(new_journal(), dispatch, idle=idle) == []  # once per idle, whoever sweeps
+    assert isinstance(await attempt(), PendingModelResponse)  # the attempt it was sent for: one check
+    assert counts(batches) == (1, 1, 0)
+
+    batches.set_all('ready')
+    await asyncio.sleep(idle)
+    assert await sweep_interrupted(journal, dispatch, idle=idle) == ['report']
+    assert await attempt() == ANSWER
+    await asyncio.sleep(idle)
+    assert await sweep_interrupted(journal, dispatch, idle=idle) == []  # finished: nothing to send
+    assert sent == ['report', 'report'] and counts(batches) == (1, 2, 0)
