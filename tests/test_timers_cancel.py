@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from timer_batch import ANSWER, BatchFile, Sleeps, batch_agent
+from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps, batch_agent
 
 from pydantic_ai_durable import MemoryJournal, execution
 
@@ -91,3 +91,29 @@ async def test_tm6_a_token_cancelled_in_a_batch_wait_leaves_the_batch_for_the_ne
 ) -> None:
     batches, journal = await _cancelled_in_second_wait(sleeps, tmp_path, 'token')
     await _next_attempt_continues_the_same_batch(batches, journal)
+
+
+async def test_tm6_an_attempt_cancelled_during_a_check_leaves_the_batch_for_the_next_attempt(
+    sleeps: Sleeps, tmp_path: Path
+) -> None:
+    batches, journal = BatchFile(tmp_path / 'batches.json'), MemoryJournal()
+    agent = batch_agent(journal, batches, interval=30.0)
+    model = agent.model
+    assert isinstance(model, FileBatchModel)
+    model.held = asyncio.Event()
+
+    async def attempt() -> object:
+        async with execution('report', journal=journal):
+            return await agent.run('summarise the report')
+
+    task = asyncio.ensure_future(attempt())
+    await model.held.wait()  # the first check is in flight
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (batches.count('cancels'), batches.status('batch-1')) == (0, 'pending')
+    batches.set_all('ready')
+    again = batch_agent(journal, batches, interval=30.0)
+    async with execution('report', journal=journal):
+        assert (await again.run('summarise the report')).output == ANSWER
+    assert (batches.count('submitted'), batches.count('checks'), batches.count('cancels')) == (1, 1, 0)

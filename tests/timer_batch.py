@@ -9,6 +9,7 @@ counted in the file, across processes, and `Sleeps` counts the sleeps of one pro
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +68,8 @@ class FileBatchModel(Model):
     interval: float = 60.0
     ready_after: int | None = None
     """Checks after which a batch is ready by itself; `None`: only when the file says so."""
+    held: asyncio.Event | None = None
+    """Set: a check announces itself here, then hangs (until its task is cancelled)."""
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -90,6 +93,9 @@ class FileBatchModel(Model):
         if isinstance(last, ModelResponse) and last.state == 'suspended':
             batch = last.provider_response_id
             assert batch is not None
+            if self.held is not None:
+                self.held.set()
+                await asyncio.Event().wait()  # a check in flight, until the attempt is cancelled
             data['checks'] += 1
             checks = data['checks']
             status = data['batches'][batch]
