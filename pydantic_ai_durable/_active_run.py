@@ -55,6 +55,8 @@ class ActiveRun:
     """The tool metadata of each call the run was asked to decide, by call id: its record lists it."""
     deferred_at: dict[str, int] = field(default_factory=dict)
     """The position of the wait where the run was last asked to decide each call, by call id (WT-7)."""
+    cancelled: bool = False
+    """Set once the attempt's cancellation reached a wait or a poll: the provider's job is left running (TM-6)."""
 
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)

@@ -6,8 +6,11 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar
 
+import anyio
+from pydantic_ai._agent_graph import set_agent_graph_sleep
 from pydantic_ai.agent import AbstractAgent, EventStreamHandler
 from pydantic_ai.capabilities import AbstractCapability, WrapOutputProcessHandler, WrapRunHandler
 from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec, conversation_id_from_run_id
@@ -20,6 +23,7 @@ from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolse
 
 from ._active_run import ActiveRun, activated, active_run
 from ._compat import (
+    BASE_ROUTES_SLEEP,
     CANCELLATION_TOKENS_ACCEPTED,
     check_private_hooks,
     in_pydantic_ai_unit,
@@ -36,11 +40,13 @@ from ._steps import (
     DurableBackend,
     DurableLeafToolset,
     check_wait_timeout,
+    durable_wait,
     journal_output_process,
     not_journalable,
     note_run_end,
     opted_out_toolsets,
     recorded_decisions,
+    refuse_other_start,
     replayed_waits,
     waits_on_events,
 )
@@ -219,6 +225,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         journal = attempt.journal_for(self.journal)
         key = self._numbered.pop((attempt.key, ctx.run_id or ''), '')  # A-14: numbered when its id was given
         run = await attempt.start_run(journal, start=start, on_divergence=self.on_divergence, key=key)
+        refuse_other_start(run)  # TM-9: a run that waits on the provider is not recorded over
         spend = RunSpend(run)
         ctx.usage.incr(spend.earlier)  # U2-2: earlier attempts' spend counts before the first limit check
         ledger = ReplayUsageLedger(run_usage=ctx.usage, usage_limits=ctx.usage_limits)
@@ -228,7 +235,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         ledger.credit_first_replay(run)
         with activated(self, active), replayed_waits(active), waits_on_events(active, self.wait_timeout):  # A-17, EV-1
             try:
-                with traced_run(run, ctx.capabilities, lambda: spend.attempt):
+                with traced_run(run, ctx.capabilities, lambda: spend.attempt), self._timer_scope():
                     result = await super().wrap_run(ctx, handler=handler)  # A-12: the base's duties, inherited
             except (SimulatedCrash, ExecutionWaiting):
                 raise  # a process death writes nothing; a run that waits on an event failed nothing (EV-2)
@@ -245,6 +252,22 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         if attempt.cleanup == 'run' and not waits:
             await attempt.cleanup_run(run)
         return result
+
+    async def durable_sleep(self, seconds: float) -> None:
+        """Wait between polls of a background response or a batch as a journaled timer (TM-1, TM-2).
+
+        The wake-up time is a step at the run's position, so a replayed wait sleeps only until then (not at all
+        once it passed), and a wait inside one of the run's steps (a nested run in a tool) is a plain sleep.
+        """
+        active = active_run(self)
+        if active is None or self.in_durable_unit:
+            await anyio.sleep(max(seconds, 0))
+            return
+        await durable_wait(active, seconds)
+
+    def _timer_scope(self) -> AbstractContextManager[None]:
+        """On releases whose base does not route the agent graph's sleep to `durable_sleep` (2.62), route it here."""
+        return nullcontext() if BASE_ROUTES_SLEEP else set_agent_graph_sleep(self.durable_sleep)
 
     async def handle_deferred_tool_calls(
         self, ctx: RunContext[AgentDepsT], *, requests: DeferredToolRequests

@@ -30,6 +30,7 @@ from ._events import (
 from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits, parse_document, snapshot_from_document
 from ._fences import RunMeta
 from ._import import ImportReport, write_snapshot
+from ._provider_waits import note_provider_wait, provider_job
 from ._records import ENTRY_VERSION, MODEL_ERROR, Kind, latest_spend, missing_links, parse_entry, run_order, spend_cost
 from ._rekey import RekeyReport, rekey
 from ._resolve import (
@@ -102,9 +103,11 @@ __all__ = (
     'note_answered',
     'note_deferred',
     'note_event',
+    'note_provider_wait',
     'parse_document',
     'parse_entry',
     'pending_calls',
+    'provider_job',
     'recorded_conversation',
     'rekey',
     'resolve_calls',

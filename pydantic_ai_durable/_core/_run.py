@@ -195,6 +195,17 @@ class Run:
             log.debug('run %s: replayed step %d (%s)', self.key, position, name)
         return step
 
+    def recorded_next(self) -> str | None:
+        """The name of the step an earlier attempt recorded at the next position, while the run has not diverged.
+
+        Lets a kind of step this version added (a timer, TM-5) step aside where an older version recorded
+        something else, instead of making the run diverge there.
+        """
+        if self.diverged:
+            return None
+        entry = self._entries.get(self.next_position)
+        return None if entry is None else str(entry['name'])
+
     def _match(self, step: Step, earlier: Callable[[], str | None] | None = None) -> dict[str, Any] | None:
         if not step.replayable or self.diverged:
             return None
@@ -334,6 +345,10 @@ class Run:
             self.stats.replayed_by_arguments[step.kind] -= 1
             return
         self._diverge(step, reason)
+
+    def started_alike(self) -> bool:
+        """Whether this run is started with the input the attempt that recorded its first step started it with."""
+        return self._started_alike()
 
     def _started_alike(self) -> bool:
         """Whether this run was started as the attempt that recorded its first step was (M-5).

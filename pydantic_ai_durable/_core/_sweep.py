@@ -24,6 +24,7 @@ from typing import Any
 from .._errors import LeaseLost
 from .._runtime import end_holding, new_holder, start_holding
 from ..journals import ExecutionInfo, Journal, deferred_calls
+from ._provider_waits import waits_on_provider
 from ._records import ENTRY_VERSION
 from ._resolve import deny_listed
 
@@ -52,7 +53,8 @@ async def sweep_interrupted(
     An execution is dispatched when no attempt wrote to it for `idle` seconds and no sweep dispatched it in
     the last `idle` seconds (or since, an attempt started). So is a waiting execution whose every call is
     decided, `idle` seconds after the last decision (at once when this sweep's deadlines decided it), and
-    never one that still waits on a call. `dispatch` gets the execution as
+    never one that still waits on a call; and one whose run waits on the provider's job alone, once per
+    `idle`, so that its next attempt checks the job (TM-7). `dispatch` gets the execution as
     `list_executions` shows it (its key and `metadata`) and must enqueue a task that enters
     `execution(key)` again; a dispatch that raises is logged and retried by a later sweep
     once `idle` has passed. An execution that a live attempt holds, that ended meanwhile, or that another
@@ -139,13 +141,15 @@ async def _claim(journal: Journal, key: str, idle: float, ttl: float) -> bool:
 
 
 def _due(record: dict[str, Any] | None, idle: float) -> bool:
-    """Whether the record is of an attempt that never ended, or that ended waiting on calls now all decided,
-    and no sweep dispatched it within `idle` seconds."""
+    """Whether the record is of an attempt that never ended, or that ended waiting on calls now all decided or on
+    the provider alone, and no sweep dispatched it within `idle` seconds."""
     if not isinstance(record, dict) or record.get('v') != ENTRY_VERSION:
         return False  # deleted, or of a format this release does not write
     status = record.get('status')
     calls = deferred_calls(record) if status == 'waiting' else []
-    ready = bool(calls) and not any(call.pending for call in calls)
+    decided = not any(call.pending for call in calls)
+    # TM-7: a run waiting on the provider is sent on to check its job, once per `idle`
+    ready = decided and (bool(calls) or (status == 'waiting' and waits_on_provider(record)))
     if status != 'running' and not ready:
         return False  # finished or failed meanwhile, or still waiting on a call
     mark = record.get(DISPATCHED)

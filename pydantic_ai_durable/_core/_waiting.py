@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..journals import DEFERRED, CallDecision, CallKind, decision_of, deferred_calls
+from ._provider_waits import waits_on_provider
 
 __all__ = (
     'Deferral',
@@ -221,8 +222,9 @@ def decided_at(record: dict[str, Any], run: str, waits: Iterable[tuple[str, int]
 
 
 def still_waiting(record: dict[str, Any]) -> bool:
-    """Whether a call noted in the record is still undecided and unanswered: the attempt then ends `waiting`."""
-    return any(call.pending for call in deferred_calls(record))
+    """Whether a call noted in the record is still undecided and unanswered, or a run waits on the provider
+    (TM-7): the attempt then ends `waiting`."""
+    return any(call.pending for call in deferred_calls(record)) or waits_on_provider(record)
 
 
 def pending_ids(records: Iterable[dict[str, Any]]) -> tuple[str, ...]:

@@ -10,7 +10,8 @@ form of tool outcomes), `_codec` (pydantic-ai's payload codec, with the decoded 
 `_opt_out` (tools that never replay), `_warm` (encoders built before the first request), `_model_errors`
 (a failed model request's error as its recorded outcome, A-16) and `_waits` (the graph's waits before a
 recorded step skipped, A-17); `_waiting` notes the calls a run ends waiting on and hands it the recorded
-decisions, `_external_events` journals waits on external events (resume tokens).
+decisions, `_external_events` journals waits on external events (resume tokens); `_timer` journals the agent
+graph's waits between polls as wake-up times, and `_pending` checks again on a replayed pending response.
 """
 
 from ._backend import DurableBackend as DurableBackend
@@ -21,8 +22,11 @@ from ._leaf import DurableLeafToolset as DurableLeafToolset
 from ._model_errors import MODEL_ERRORS_RECORDED as MODEL_ERRORS_RECORDED
 from ._opt_out import opted_out_toolsets as opted_out_toolsets
 from ._output import journal_output_process as journal_output_process
+from ._pending import refuse_other_start as refuse_other_start
 from ._pipeline import StepKind as StepKind
 from ._pipeline import run_step as run_step
+from ._timer import durable_wait as durable_wait
+from ._timer import noting_cancellation as noting_cancellation
 from ._waiting import check_wait_timeout as check_wait_timeout
 from ._waiting import note_run_end as note_run_end
 from ._waiting import recorded_decisions as recorded_decisions

@@ -18,6 +18,7 @@ from pydantic_ai.durable_exec import (
     DurableOperationId,
     EventStreamHandlerId,
     JournalCallableOperationBackend,
+    ModelCancelSuspendedResponseId,
     ModelRequestId,
     RoleBasedOperationConfig,
     ToolsetCallToolId,
@@ -32,7 +33,9 @@ from ._discovery import Listing, is_discovery
 from ._model import ModelRequest
 from ._operation import CapabilityOperation, EventCall, Operation
 from ._opt_out import tool_is_replayable
+from ._pending import checked
 from ._pipeline import Body, Decoder, StepKind, run_step
+from ._timer import noting_cancellation
 from ._tool import RoutedToolCall
 from ._warm import warm
 
@@ -117,8 +120,15 @@ class DurableBackend(JournalCallableOperationBackend[None]):
         decoder = self._decoders.get(operation_id)
         hands_on = operation_id in self._hands_on
         if isinstance(operation_id, ModelRequestId):
-            kind = await ModelRequest.of(active, name, body, cache_key, decoder, hands_on)
-            return await run_step(active, kind)
+            async with noting_cancellation(active):  # a poll the attempt's cancellation ended (TM-6)
+                kind = await ModelRequest.of(active, name, body, cache_key, decoder, hands_on)
+                payload = await run_step(active, kind)
+                if operation_id.streaming:
+                    return payload
+                dump = self._bound[operation_id].operation.result_codec.dump
+                return await checked(active, kind, cache_key, payload, dump)  # TM-8
+        if isinstance(operation_id, ModelCancelSuspendedResponseId) and active.cancelled:
+            return None  # TM-6: an attempt's cancellation leaves the provider's job to the next attempt
         return await run_step(active, self._step_kind(operation_id, name, body, cache_key, decoder, hands_on))
 
     def _step_kind(

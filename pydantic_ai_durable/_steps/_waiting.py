@@ -24,6 +24,7 @@ from .._active_run import ActiveRun
 from .._core import Deferral, decided_at, decisions_for, note_answered, note_deferred
 from .._fingerprint import call_digest
 from ..journals import CallDecision, CallKind
+from ._pending import note_pending_end
 
 __all__ = ('MAX_WAIT_TIMEOUT', 'WAIT_TIMEOUT', 'check_wait_timeout', 'note_run_end', 'recorded_decisions')
 
@@ -135,6 +136,8 @@ def note_run_end(active: ActiveRun, result: AgentRunResult[Any], *, wait_timeout
     if record.get('deferred'):
         note_answered(record, active.run.key, _answered(result.all_messages()))
     output = result.output
+    if note_pending_end(active, output):  # TM-7: it waits on the provider
+        return True
     if not isinstance(output, DeferredToolRequests):
         return False
     kinds: list[tuple[ToolCallPart, CallKind]] = [

@@ -1,0 +1,86 @@
+"""Durable timers: the agent graph's waits between polls of a background response or a batch, as steps (TM-1..TM-5).
+
+A wait is a step at the run's position whose recorded result is its wake-up time, written before the wait
+begins. A replayed wait sleeps only until that time, which for every poll an earlier attempt finished has
+passed already, so a recovered run goes straight to its first live check; the wait a crash interrupted
+sleeps only for what is left of it. The clock is the wall clock (`time.time`), so the wake-up time means the
+same to every process that continues the execution.
+
+A cancelled attempt (its task cancelled, or its run's `CancellationToken` fired) is noted on the run when the
+cancellation reaches a wait or a poll, and pydantic-ai's cancellation of the job it was waiting on then does
+not reach the provider: the next attempt continues the same job (TM-6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from .._active_run import ActiveRun
+from ._pipeline import StepKind, run_step
+
+__all__ = ('TIMER_STEP', 'Timer', 'durable_wait', 'noting_cancellation')
+
+TIMER_STEP = 'durable_sleep'
+"""The name every timer step is journaled under (P-3); part of the journal format."""
+
+clock: Callable[[], float] = time.time
+"""The wall clock wake-up times are read against (seconds since the epoch); tests replace it."""
+
+
+@dataclass
+class Timer(StepKind):
+    """A wait of `seconds`: live, it records the wake-up time and nothing else; replayed, it hands that time back."""
+
+    seconds: float = 0.0
+
+    def live(self, active: ActiveRun) -> Any:
+        return self._wake_up()
+
+    async def _wake_up(self) -> object:
+        seconds = max(self.seconds, 0.0)
+        return {'wake_at': clock() + seconds, 'seconds': seconds}
+
+
+def _wake_at(payload: object) -> float | None:
+    if isinstance(payload, dict):
+        wake_at = payload.get('wake_at')
+        if isinstance(wake_at, (int, float)):
+            return float(wake_at)
+    return None
+
+
+async def durable_wait(active: ActiveRun, seconds: float) -> None:
+    """Wait `seconds` as a step of `active`'s run: only until the recorded wake-up time when the step replays (TM-1).
+
+    Where an earlier version of the package recorded another step at this position (it journaled no
+    timers), the wait steps aside and does not sleep: the poll it precedes replays as recorded (TM-5).
+    """
+    recorded = active.run.recorded_next()
+    if recorded is not None and recorded != TIMER_STEP:
+        return
+    async with noting_cancellation(active):
+        payload = await run_step(active, Timer(TIMER_STEP, True, None, False, seconds))
+        wake_at = _wake_at(payload)
+        left = max(seconds, 0.0) if wake_at is None else wake_at - clock()
+        if left > 0:
+            await anyio.sleep(left)
+
+
+@asynccontextmanager
+async def noting_cancellation(active: ActiveRun) -> AsyncIterator[None]:
+    """Note on `active` that the attempt was cancelled, when its cancellation ends this block (TM-6).
+
+    A `CancellationToken` cancels the run's task too, so both arrive here as the event loop's cancellation.
+    """
+    try:
+        yield
+    except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
+        active.cancelled = True
+        raise
