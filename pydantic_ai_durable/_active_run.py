@@ -57,6 +57,9 @@ class ActiveRun:
     """The position of the wait where the run was last asked to decide each call, by call id (WT-7)."""
     cancelled: bool = False
     """Set once the attempt's cancellation reached a wait or a poll: the provider's job is left running (TM-6)."""
+    outer_sleep: Callable[[float], Awaitable[None]] | None = None
+    """The sleep the app installed for the agent graph's waits (`Agent.using_sleep`), which a timer's live wait
+    and a recovered wait go to; `None`: `anyio.sleep` (TM-1)."""
 
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)

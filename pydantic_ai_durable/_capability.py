@@ -6,11 +6,10 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar
 
 import anyio
-from pydantic_ai._agent_graph import set_agent_graph_sleep
+from pydantic_ai import Agent
 from pydantic_ai.agent import AbstractAgent, EventStreamHandler
 from pydantic_ai.capabilities import AbstractCapability, WrapOutputProcessHandler, WrapRunHandler
 from pydantic_ai.durable_exec import BaseDurabilityCapability, DurabilityEngineSpec, conversation_id_from_run_id
@@ -23,9 +22,9 @@ from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolse
 
 from ._active_run import ActiveRun, activated, active_run
 from ._compat import (
-    BASE_ROUTES_SLEEP,
     CANCELLATION_TOKENS_ACCEPTED,
     check_private_hooks,
+    graph_sleep,
     in_pydantic_ai_unit,
     name_capability_toolsets,
     resolve_request_model,
@@ -47,7 +46,6 @@ from ._steps import (
     opted_out_toolsets,
     recorded_decisions,
     refuse_other_start,
-    replayed_waits,
     waits_on_events,
 )
 from ._tracing import traced_run
@@ -233,10 +231,12 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         active = ActiveRun(run, ledger, fingerprinter, spend, self.secrets, resolve_model=self._request_model)
         track_spend(spend)
         ledger.credit_first_replay(run)
-        with activated(self, active), replayed_waits(active), waits_on_events(active, self.wait_timeout):  # A-17, EV-1
+        active.outer_sleep = graph_sleep()  # A-17, TM-1: the app's sleep, before the timer takes the graph's
+        with activated(self, active), waits_on_events(active, self.wait_timeout):  # EV-1
             try:
-                with traced_run(run, ctx.capabilities, lambda: spend.attempt), self._timer_scope():
-                    result = await super().wrap_run(ctx, handler=handler)  # A-12: the base's duties, inherited
+                with traced_run(run, ctx.capabilities, lambda: spend.attempt):
+                    # A-12: the base's duties, inherited; TM-1: the graph's waits are timers of this run
+                    result = await super().wrap_run(ctx, handler=lambda: self._timed(handler))
             except (SimulatedCrash, ExecutionWaiting):
                 raise  # a process death writes nothing; a run that waits on an event failed nothing (EV-2)
             except BaseException as error:
@@ -260,14 +260,21 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         once it passed), and a wait inside one of the run's steps (a nested run in a tool) is a plain sleep.
         """
         active = active_run(self)
-        if active is None or self.in_durable_unit:
-            await anyio.sleep(max(seconds, 0))
+        step = current_step()
+        if active is None or (step is not None and step.run is active.run):
+            outer = active.outer_sleep if active is not None else None
+            await (outer or anyio.sleep)(max(seconds, 0))  # not this run's container code: a step's body
             return
         await durable_wait(active, seconds)
 
-    def _timer_scope(self) -> AbstractContextManager[None]:
-        """On releases whose base does not route the agent graph's sleep to `durable_sleep` (2.62), route it here."""
-        return nullcontext() if BASE_ROUTES_SLEEP else set_agent_graph_sleep(self.durable_sleep)
+    async def _timed(self, handler: WrapRunHandler) -> AgentRunResult[Any]:
+        """Run the agent graph with its waits routed to `durable_sleep`, inside the base's own routing (TM-1).
+
+        The base routes them too on 2.7x, but to a plain sleep wherever pydantic-ai's unit flag is set, which
+        includes a nested run of ours inside a tool: that run's waits are container code of its own journal run.
+        """
+        with Agent.using_sleep(self.durable_sleep):
+            return await handler()
 
     async def handle_deferred_tool_calls(
         self, ctx: RunContext[AgentDepsT], *, requests: DeferredToolRequests

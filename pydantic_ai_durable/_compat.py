@@ -27,7 +27,6 @@ from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionTools
 from ._errors import DurableError
 
 __all__ = (
-    'BASE_ROUTES_SLEEP',
     'CANCELLATION_TOKENS_ACCEPTED',
     'EXTERNAL_EVENTS',
     'PRIVATE_HOOKS',
@@ -68,9 +67,6 @@ try:  # pydantic-ai 2.68 and later: waits on external events (EV-1); `Any`, so 2
     EXTERNAL_EVENTS: Any = importlib.import_module('pydantic_ai.external_events')
 except ImportError:  # pragma: no cover - 2.62 has none, and a run has nothing to wait with
     EXTERNAL_EVENTS = None
-
-BASE_ROUTES_SLEEP = hasattr(BaseDurabilityCapability, 'durable_sleep')
-"""Whether the base's `wrap_run` routes the graph's sleep to `durable_sleep` (2.78); on 2.62 `Durable` does (TM-1)."""
 
 
 def in_pydantic_ai_unit() -> bool:

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -97,11 +96,11 @@ async def test_tm2_a_recovered_wait_sleeps_only_for_what_is_left(
 class Untimed(Durable[None]):
     """`Durable` as it was before timers: the agent graph's sleep left plain (the journals it wrote have no timers)."""
 
+    async def _timed(self, handler: Any) -> Any:
+        return await handler()
+
     if hasattr(BaseDurabilityCapability, 'durable_sleep'):  # 2.78: the base routes only an overridden one
         durable_sleep = BaseDurabilityCapability.durable_sleep  # type: ignore[attr-defined]
-
-    def _timer_scope(self) -> AbstractContextManager[None]:
-        return nullcontext()
 
 
 async def test_tm5_a_run_journaled_without_timers_replays_as_recorded(sleeps: Sleeps, tmp_path: Path) -> None:

@@ -7,11 +7,11 @@ listings verified by listing again), `_leaf` (leaf toolsets pydantic-ai does not
 (output functions). Where steps come from: `_backend` (every durable operation pydantic-ai routes), the
 leaf toolset wrapper in `_leaf`, and output processing in `_output`. Beside them: `_payloads` (the recorded
 form of tool outcomes), `_codec` (pydantic-ai's payload codec, with the decoded replay passed through),
-`_opt_out` (tools that never replay), `_warm` (encoders built before the first request), `_model_errors`
-(a failed model request's error as its recorded outcome, A-16) and `_waits` (the graph's waits before a
-recorded step skipped, A-17); `_waiting` notes the calls a run ends waiting on and hands it the recorded
-decisions, `_external_events` journals waits on external events (resume tokens); `_timer` journals the agent
-graph's waits between polls as wake-up times, and `_pending` checks again on a replayed pending response.
+`_opt_out` (tools that never replay), `_warm` (encoders built before the first request) and `_model_errors`
+(a failed model request's error as its recorded outcome, A-16); `_waiting` notes the calls a run ends waiting
+on and hands it the recorded decisions, `_external_events` journals waits on external events (resume tokens);
+`_timer` journals the agent graph's waits as wake-up times (TM-1, A-17), and `_pending` checks again on a
+replayed pending response.
 """
 
 from ._backend import DurableBackend as DurableBackend
@@ -30,4 +30,3 @@ from ._timer import noting_cancellation as noting_cancellation
 from ._waiting import check_wait_timeout as check_wait_timeout
 from ._waiting import note_run_end as note_run_end
 from ._waiting import recorded_decisions as recorded_decisions
-from ._waits import replayed_waits as replayed_waits

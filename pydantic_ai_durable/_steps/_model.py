@@ -181,7 +181,8 @@ class ModelRequest(StepKind):
 
         A run it fails then sends every request of the failed streak again (a fallback's chain, or a retry's
         attempts, each with its full budget), instead of replaying its way into the same failure. The streak
-        is the failed model steps at consecutive positions: any other step between them ends it.
+        is the failed model steps at consecutive positions, a timer between them included (a retry's backoff,
+        TM-1): any other step between them ends it.
         """
         error = self.error
         assert error is not None

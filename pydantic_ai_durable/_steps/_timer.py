@@ -59,18 +59,23 @@ def _wake_at(payload: object) -> float | None:
 async def durable_wait(active: ActiveRun, seconds: float) -> None:
     """Wait `seconds` as a step of `active`'s run: only until the recorded wake-up time when the step replays (TM-1).
 
-    Where an earlier version of the package recorded another step at this position (it journaled no
-    timers), the wait steps aside and does not sleep: the poll it precedes replays as recorded (TM-5).
+    A wait the recording attempt finished has passed its wake-up time and is not waited again (A-17, TM-3); the
+    wait a crash cut short sleeps what is left of it (TM-2), through the app's sleep if it installed one. Where an
+    earlier version of the package recorded another step at this position (it journaled no
+    timers), the wait steps aside and does not sleep: the step it precedes replays as recorded (TM-5).
     """
     recorded = active.run.recorded_next()
     if recorded is not None and recorded != TIMER_STEP:
         return
     async with noting_cancellation(active):
         payload = await run_step(active, Timer(TIMER_STEP, True, None, False, seconds))
+        streak, position = active.failed_streak, active.run.next_position - 1
+        if streak is not None and streak[1] == position - 1:
+            active.failed_streak = (streak[0], position)  # a retry's backoff keeps its failures in a row (F-2)
         wake_at = _wake_at(payload)
         left = max(seconds, 0.0) if wake_at is None else wake_at - clock()
         if left > 0:
-            await anyio.sleep(left)
+            await (active.outer_sleep or anyio.sleep)(left)
 
 
 @asynccontextmanager
