@@ -19,7 +19,7 @@ from pydantic_ai.durable_exec import BaseDurabilityCapability
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.usage import RequestUsage
-from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps, batch_agent
+from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps, batch_agent, counted_sleeps
 
 from pydantic_ai_durable import Durable, MemoryJournal, execution
 
@@ -28,19 +28,8 @@ HERE = Path(__file__).parent
 
 @pytest.fixture
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sleeps]:
-    """Sleeps that wait no wall time, on a clock that moves on by what was slept (from 1000 s)."""
-    counted = Sleeps(real=False)
-    counted.install()
-    try:
-        from pydantic_ai_durable._steps import _timer
-    except ImportError:  # the package before timers reads no clock
-        pass
-    else:
-        monkeypatch.setattr(_timer, 'clock', lambda: 1000.0 + counted.elapsed)
-    try:
+    with counted_sleeps(monkeypatch) as counted:
         yield counted
-    finally:
-        counted.uninstall()
 
 
 async def test_tm1_tm3_a_replayed_wait_does_not_sleep_and_a_finished_replay_calls_nothing(

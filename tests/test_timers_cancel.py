@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps, batch_agent
+from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps, batch_agent, counted_sleeps
 
 from pydantic_ai_durable import MemoryJournal, execution
 
@@ -23,18 +23,8 @@ except ImportError:  # pragma: no cover - 2.62 has no tokens
 
 @pytest.fixture
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sleeps]:
-    counted = Sleeps(real=False)
-    counted.install()
-    try:
-        from pydantic_ai_durable._steps import _timer
-    except ImportError:  # the package before timers reads no clock
-        pass
-    else:
-        monkeypatch.setattr(_timer, 'clock', lambda: 1000.0 + counted.elapsed)
-    try:
+    with counted_sleeps(monkeypatch) as counted:
         yield counted
-    finally:
-        counted.uninstall()
 
 
 async def _cancelled_in_second_wait(sleeps: Sleeps, tmp_path: Path, how: str) -> tuple[BatchFile, MemoryJournal]:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from pydantic_ai import Agent
 from pydantic_ai.exceptions import ModelHTTPError
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
@@ -162,3 +164,20 @@ def batch_agent(journal: Journal, batches: BatchFile, *, interval: float = 60.0,
         capabilities=[Durable(journal)],
         **kwargs,
     )
+
+
+@contextmanager
+def counted_sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sleeps]:
+    """Sleeps that wait no wall time, on a clock that moves on by what was slept (from 1000 s): a timer's clock."""
+    counted = Sleeps(real=False)
+    counted.install()
+    try:
+        from pydantic_ai_durable._steps import _timer
+    except ImportError:  # the package before timers reads no clock
+        pass
+    else:
+        monkeypatch.setattr(_timer, 'clock', lambda: 1000.0 + counted.elapsed)
+    try:
+        yield counted
+    finally:
+        counted.uninstall()

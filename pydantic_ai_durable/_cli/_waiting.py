@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._answers import answered
@@ -70,13 +71,10 @@ def decide_command(
         import_tasks(dispatch)
 
     async def decide(journal: Any) -> Resolution:
-        try:
-            decisions = await answered(journal, key, {call_id: decision})  # an AskUser answer fits its question
-            return await resolve_calls(journal, key, decisions, dispatch=dispatch is not None)
-        except (ResolutionRefused, ExecutionBusy, DurableError) as exc:
-            raise Failure(' '.join(str(exc).split())) from None
+        decisions = await answered(journal, key, {call_id: decision})  # an AskUser answer fits its question
+        return await resolve_calls(journal, key, decisions, dispatch=dispatch is not None)
 
-    resolution = run_on(target, decide)
+    resolution = _resolved(target, decide)
     if as_json:
         print_json(resolution.as_json())
         return EXIT_OK
@@ -121,12 +119,9 @@ def event_command(
         import_tasks(dispatch)
 
     async def decide(journal: Any) -> Resolution:
-        try:
-            return await resolve_event(journal, token, decision, dispatch=dispatch is not None)
-        except (ResolutionRefused, ExecutionBusy, DurableError) as exc:
-            raise Failure(' '.join(str(exc).split())) from None
+        return await resolve_event(journal, token, decision, dispatch=dispatch is not None)
 
-    resolution = run_on(target, decide)
+    resolution = _resolved(target, decide)
     if as_json:
         print_json(resolution.as_json())
         return EXIT_OK
@@ -134,6 +129,18 @@ def event_command(
     verb = 'failed' if command == 'fail-event' else 'resolved'
     print_lines([f'{done}{verb} the wait of execution {quote(resolution.key)}; its next attempt goes on with it'])
     return EXIT_OK
+
+
+def _resolved(target: Any, decide: Callable[[Any], Awaitable[Resolution]]) -> Resolution:
+    """`decide` on the target's journal; a refusal, a busy execution or any `DurableError` is one line (CLI-2)."""
+
+    async def guarded(journal: Any) -> Resolution:
+        try:
+            return await decide(journal)
+        except (ResolutionRefused, ExecutionBusy, DurableError) as exc:
+            raise Failure(' '.join(str(exc).split())) from None
+
+    return run_on(target, guarded)
 
 
 def import_tasks(module: str) -> None:
