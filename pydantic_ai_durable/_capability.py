@@ -155,11 +155,13 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         pydantic-ai refuses `submit_output()` (and a wait) inside a unit it knows, since a replayed unit would not
         submit again; the leaf toolsets this package journals itself are units too, which pydantic-ai cannot see.
         """
-        if in_pydantic_ai_unit():
-            return True
+        return in_pydantic_ai_unit() or self._in_own_step(active_run(self))
+
+    @staticmethod
+    def _in_own_step(active: ActiveRun | None) -> bool:
+        """Whether the live body of one of `active`'s own steps is running: not that run's container code."""
         step = current_step()
-        active = active_run(self)
-        return step is not None and active is not None and step.run is active.run
+        return active is not None and step is not None and step.run is active.run
 
     def get_durable_operation_backend(self) -> DurableBackend:
         # pydantic-ai asks for the backend, and binds the model operations, on every request; both depend
@@ -260,8 +262,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         once it passed), and a wait inside one of the run's steps (a nested run in a tool) is a plain sleep.
         """
         active = active_run(self)
-        step = current_step()
-        if active is None or (step is not None and step.run is active.run):
+        if active is None or self._in_own_step(active):
             outer = active.outer_sleep if active is not None else None
             await (outer or anyio.sleep)(max(seconds, 0))  # not this run's container code: a step's body
             return

@@ -7,7 +7,7 @@ model than the one that answers it could replay a wrong answer. And a function t
 capability contributes without an id (pydantic-ai-harness's `AskUser`) is given its capability's id, the
 name pydantic-ai's durable layer asks for, since there is no public way to name it. Last, the sleep an
 application installed for the agent graph's waits is read (2.62 and 2.78 keep it in the same private
-variable), so a wait the package does not skip still goes to it (A-17).
+variable), so what a durable timer sleeps still goes to it (A-17, TM-1).
 """
 
 from __future__ import annotations
@@ -62,8 +62,6 @@ _pydantic_ai_unit_flag = _unit_flag()
 
 
 try:  # pydantic-ai 2.68 and later: waits on external events (EV-1); `Any`, so 2.62's type check passes too
-    import importlib
-
     EXTERNAL_EVENTS: Any = importlib.import_module('pydantic_ai.external_events')
 except ImportError:  # pragma: no cover - 2.62 has none, and a run has nothing to wait with
     EXTERNAL_EVENTS = None
