@@ -22,6 +22,7 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
 from ._core import Run
+from ._errors import ExecutionCancelled
 from ._fingerprint import ModelFingerprinter, RequestPreparer, earlier_scheme_digest
 from ._masking import SecretRegistry
 from ._usage import NestedUsage, ReplayUsageLedger, RunSpend, is_successful_tool_payload
@@ -55,11 +56,23 @@ class ActiveRun:
     """The tool metadata of each call the run was asked to decide, by call id: its record lists it."""
     deferred_at: dict[str, int] = field(default_factory=dict)
     """The position of the wait where the run was last asked to decide each call, by call id (WT-7)."""
-    cancelled: bool = False
-    """Set once the attempt's cancellation reached a wait or a poll: the provider's job is left running (TM-6)."""
+    keeps_job: bool = False
+    """Set once the attempt's cancellation reached a wait or a poll (TM-6), or the attempt ended at a long wait
+    (TM-4): pydantic-ai's cancellation of the provider's job is then not sent, and the next attempt checks it."""
+    suspend_waits_over: float | None = None
+    """`Durable(suspend_waits_over=...)`: a wait longer than this ends the attempt, with the execution `waiting`
+    until the wait's wake-up time (TM-4); `None`: every wait holds the attempt's process."""
+    cancelling: tuple[str, float] | None = None
+    """The reason and time of the cancellation this attempt carries out (`cancel_execution`, TM-10): no step runs
+    live, and the provider's job the run waits on is cancelled."""
     outer_sleep: Callable[[float], Awaitable[None]] | None = None
     """The sleep the app installed for the agent graph's waits (`Agent.using_sleep`), which a timer's live wait
     and a recovered wait go to; `None`: `anyio.sleep` (TM-1)."""
+
+    def refuse_if_cancelling(self) -> None:
+        """Raise `ExecutionCancelled` where this attempt carries out a cancellation (TM-10)."""
+        if self.cancelling is not None:
+            raise ExecutionCancelled(self.run.attempt.key, reason=self.cancelling[0], at=self.cancelling[1])
 
     def mask(self, payload: Any) -> Any:
         return self.secrets.mask(payload)

@@ -23,13 +23,14 @@ from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, FunctionToolse
 from ._active_run import ActiveRun, activated, active_run
 from ._compat import (
     CANCELLATION_TOKENS_ACCEPTED,
+    SUSPENDING_ERRORS,
     check_private_hooks,
     graph_sleep,
     in_pydantic_ai_unit,
     name_capability_toolsets,
     resolve_request_model,
 )
-from ._core import DivergenceMode, SimulatedCrash, check_divergence_mode, current_step
+from ._core import DivergenceMode, SimulatedCrash, cancel_request, check_divergence_mode, current_step
 from ._errors import DurableError, ExecutionWaiting
 from ._execution import current_attempt, track_spend
 from ._fingerprint import ModelFingerprinter, fingerprint_run_start
@@ -89,6 +90,11 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
     again goes on from there with the decisions. `wait_timeout` (seconds) denies a call still
     pending that long, when the sweep next runs; a tool's or a deferral's metadata key
     `wait_timeout` sets it per call.
+
+    A wait between polls of a batch or a background response is a journaled timer (TM-1). One longer than
+    `suspend_waits_over` (seconds) ends the attempt with `ExecutionWaiting`, the execution `waiting` until the
+    wait's wake-up time and holding nothing; running the same code again after it (the fleet's sweep does)
+    goes on (TM-4). `None`, the default: every wait holds the attempt's process until it is over.
     """
 
     engine_spec: ClassVar[DurabilityEngineSpec] = DurabilityEngineSpec(
@@ -103,6 +109,7 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         # A-12: a token is fired in the caller's own process, where every step runs; a cancelled run's
         # completed steps are journaled and the next attempt replays them (the releases that ask)
         **CANCELLATION_TOKENS_ACCEPTED,
+        **SUSPENDING_ERRORS,  # TM-4, EV-2: a wait that ends the attempt is no failure
     )
 
     def __init__(
@@ -115,9 +122,11 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         secrets: SecretRegistry | None = None,
         on_divergence: DivergenceMode | None = None,
         wait_timeout: float | None = None,
+        suspend_waits_over: float | None = None,
     ) -> None:
         check_divergence_mode(on_divergence)
         timeout = check_wait_timeout(wait_timeout)
+        longest = check_wait_timeout(suspend_waits_over, 'Durable(suspend_waits_over=...)', what='to hold every wait')
         if journal is not None and not isinstance(journal, Journal):
             raise TypeError(
                 f'Durable(journal=...) needs a journal such as MemoryJournal() or DiskJournal(path), '
@@ -131,6 +140,8 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         """What a run does at its first mismatch, unless the execution says otherwise."""
         self.wait_timeout = timeout
         """Seconds a deferred call may wait for a decision before the sweep denies it; `None`: for ever."""
+        self.suspend_waits_over = longest
+        """Seconds of a wait between polls the attempt's process may hold; a longer one ends the attempt (TM-4)."""
         self._request_models: dict[tuple[int, str | None], Model] = {}
         self._backend: DurableBackend | None = None
         self._opted_out: frozenset[str] | None = None
@@ -233,6 +244,8 @@ class Durable(BaseDurabilityCapability[AgentDepsT]):
         active = ActiveRun(run, ledger, fingerprinter, spend, self.secrets, resolve_model=self._request_model)
         track_spend(spend)
         ledger.credit_first_replay(run)
+        active.suspend_waits_over = self.suspend_waits_over
+        active.cancelling = cancel_request(run.state.record)  # TM-10
         active.outer_sleep = graph_sleep()  # A-17, TM-1: the app's sleep, before the timer takes the graph's
         with activated(self, active), waits_on_events(active, self.wait_timeout):  # EV-1
             try:

@@ -24,12 +24,13 @@ from pydantic_ai.models import Model
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset, CombinedToolset, FunctionToolset, WrapperToolset
 
-from ._errors import DurableError
+from ._errors import DurableError, ExecutionWaiting
 
 __all__ = (
     'CANCELLATION_TOKENS_ACCEPTED',
     'EXTERNAL_EVENTS',
     'PRIVATE_HOOKS',
+    'SUSPENDING_ERRORS',
     'TESTED_PYDANTIC_AI',
     'check_private_hooks',
     'graph_sleep',
@@ -47,6 +48,14 @@ CANCELLATION_TOKENS_ACCEPTED: dict[str, Any] = (
     else {}
 )
 """`engine_spec`'s cancellation-token policy, on the releases whose spec declares one (A-12); empty on 2.62."""
+
+SUSPENDING_ERRORS: dict[str, Any] = (
+    {'control_flow_error_types': (ExecutionWaiting,)}
+    if 'control_flow_error_types' in getattr(DurabilityEngineSpec, '__dataclass_fields__', {})
+    else {}
+)
+"""`engine_spec`'s errors that suspend a run rather than fail it, on the releases whose spec declares them: a wait
+that ends the attempt raises `ExecutionWaiting` (EV-2, TM-4), and pydantic-ai lets it through; empty on 2.62."""
 
 
 def _unit_flag() -> Callable[[], bool] | None:

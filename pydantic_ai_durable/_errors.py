@@ -6,12 +6,15 @@ can tell a journal problem (retrying will not help) from an ordinary failure of 
 
 from __future__ import annotations
 
+from ._runtime import utc_text
+
 __all__ = (
     'ConsoleRefused',
     'DispatchFailed',
     'DurableError',
     'EncryptionMismatch',
     'ExecutionBusy',
+    'ExecutionCancelled',
     'ExecutionWaiting',
     'ExportInvalid',
     'ImportRefused',
@@ -127,12 +130,10 @@ class ExecutionBusy(DurableError):
     """
 
     def __init__(self, key: str, *, holder: str, expires_at: float) -> None:
-        import datetime
-
         self.key = key
         self.holder = holder
         self.expires_at = expires_at
-        when = datetime.datetime.fromtimestamp(expires_at, tz=datetime.UTC).isoformat(timespec='seconds')
+        when = utc_text(expires_at, 'seconds')  # a lease's expiry is a stored time: shown whatever its value
         super().__init__(
             f'Execution {key!r} is held by another live attempt ({holder}) until {when}. '
             'Wait for it to finish, or stop it; a holder that died is taken over automatically.'
@@ -248,21 +249,54 @@ class DispatchFailed(DurableError):
 
 
 class ExecutionWaiting(DurableError):
-    """The run handed a resume token on and waits for it to be resolved: the execution is now `waiting` (EV-2).
+    """The run ended its attempt to wait without holding a process: the execution is now `waiting` (EV-2, TM-4).
 
     Raised out of `agent.run()` inside `execution(key)` when a wait on an external event (`HandleDeferredToolCalls`
-    with a handler that takes a token, `wait_for_external_event`) was not answered by its `ask`. Nothing failed
-    and nothing is held: the attempt ends `waiting`, and once the token is resolved (`resolve_external_event`,
-    `fail_external_event`, the CLI's `resolve-event`) the same code run again goes on with the payload. `wait` is
-    the wait's ref (`NAME@RUN:POSITION`), `deadline` epoch seconds or `None`.
+    with a handler that takes a token, `wait_for_external_event`) was not answered by its `ask`, or when a wait
+    between polls of a batch or a background response is longer than `Durable(suspend_waits_over=...)`. Nothing
+    failed and nothing is held: the attempt ends `waiting`, and the same code run again goes on, once the token is
+    resolved (`resolve_external_event`, `fail_external_event`, the CLI's `resolve-event`) with its payload, or once
+    `wakes_at` has passed. `wait` is the wait's ref (`NAME@RUN:POSITION`); `deadline` and `wakes_at` are epoch
+    seconds or `None`.
     """
 
-    def __init__(self, key: str, *, name: str, wait: str, deadline: float | None) -> None:
+    def __init__(
+        self, key: str, *, name: str, wait: str, deadline: float | None, wakes_at: float | None = None
+    ) -> None:
         self.key = key
         self.name = name
         self.wait = wait
         self.deadline = deadline
+        self.wakes_at = wakes_at
+        if wakes_at is not None:
+            message = (
+                f'Execution {key!r} waits until {utc_text(wakes_at, "seconds")} ({wait}): the wait is longer than the '
+                'process may be held for (Durable(suspend_waits_over=...)), so the attempt ended there. Run the same '
+                "code again once that time has passed (the fleet's sweep does); it sleeps only what is left, then goes "
+                'on.'
+            )
+        else:
+            message = (
+                f'Execution {key!r} waits on the external event {name!r} ({wait}): its ask handed the resume token '
+                'on. Run the same code again once the token is resolved; it goes on with the payload.'
+            )
+        super().__init__(message)
+
+
+class ExecutionCancelled(DurableError):
+    """The execution was cancelled with `cancel_execution`: nothing more of it runs (TM-10).
+
+    Raised out of `agent.run()` by the attempt that carries a cancellation out (it cancels the provider's job the
+    run waited on, and runs no step live), and on entering `execution(key)` of a cancelled execution afterwards.
+    `reason` is what the canceller gave, `at` epoch seconds of the cancellation.
+    """
+
+    def __init__(self, key: str, *, reason: str, at: float) -> None:
+        self.key = key
+        self.reason = reason
+        self.at = at
         super().__init__(
-            f'Execution {key!r} waits on the external event {name!r} ({wait}): its ask handed the resume token on. '
-            'Run the same code again once the token is resolved; it goes on with the payload.'
+            f'Execution {key!r} was cancelled at {utc_text(at, "seconds")} ({reason}): nothing more of it runs, and '
+            "the provider's job it waited on is cancelled. Its journal is kept: delete it, or fork it to run the "
+            'same work again under another key.'
         )

@@ -467,6 +467,7 @@ def test_every_command_and_option_of_the_cli_is_documented() -> None:
         'complete',
         'resolve-event',
         'fail-event',
+        'cancel',
         'serve',
     }
     block = _cli_block()

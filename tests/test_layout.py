@@ -43,8 +43,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ),
     ('the journal core', frozenset({'_core'})),
     ('the journal backends', frozenset({'journals'})),
-    ('the process runtime', frozenset({'_runtime'})),
     ('the errors', frozenset({'_errors'})),
+    ('the process runtime', frozenset({'_runtime'})),
 )
 """Top to bottom: a module imports modules of its own layer or of a layer below it, never above."""
 

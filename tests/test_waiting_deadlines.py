@@ -168,3 +168,11 @@ def test_wt5_a_stored_deadline_beyond_the_calendar_is_shown_by_show_list_and_the
         ):
             answer = client.get(page)
             assert answer.status_code == 200 and '1e+13 epoch seconds (beyond the calendar)' in answer.text, page
+
+
+def test_wt5_a_busy_execution_whose_lease_expiry_is_beyond_the_calendar_is_still_reported() -> None:
+    # a lease's expiry is a stored time too: a planted one must not turn the refusal into an OverflowError
+    from pydantic_ai_durable import ExecutionBusy
+
+    busy = ExecutionBusy('k', holder='someone', expires_at=1e13)
+    assert '1e+13 epoch seconds (beyond the calendar)' in str(busy) and busy.expires_at == 1e13

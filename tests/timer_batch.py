@@ -157,11 +157,19 @@ class Sleeps:
         await _REAL_SLEEP(delay if self.real else 0)
 
 
-def batch_agent(journal: Journal, batches: BatchFile, *, interval: float = 60.0, **kwargs: Any) -> Agent[None, str]:
+def batch_agent(
+    journal: Journal,
+    batches: BatchFile,
+    *,
+    interval: float = 60.0,
+    suspend_waits_over: float | None = None,
+    **kwargs: Any,
+) -> Agent[None, str]:
+    durable = Durable(journal, suspend_waits_over=suspend_waits_over) if suspend_waits_over else Durable(journal)
     return Agent(
         FileBatchModel(batches, interval=interval, ready_after=kwargs.pop('ready_after', None)),
         name='batched',
-        capabilities=[Durable(journal)],
+        capabilities=[durable],
         **kwargs,
     )
 

@@ -20,7 +20,7 @@ from ._render import escape
 from ._serve import serve_command
 from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, open_target
 from ._transfer import export_command, fork_command, import_command, messages_command
-from ._waiting import decide_command, event_command
+from ._waiting import cancel_command, decide_command, event_command
 
 __all__ = ('EXIT_NOT_FOUND', 'EXIT_OK', 'EXIT_USAGE', 'main', 'parse_duration', 'run_order')
 
@@ -91,6 +91,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
                 by=options.by,
                 dispatch=options.dispatch,
                 as_json=options.json,
+            )
+        if options.command == 'cancel':
+            return cancel_command(
+                target, options.key, reason=options.reason, dispatch=options.dispatch, as_json=options.json
             )
         if options.command == 'delete':
             return delete_command(target, options.key, force=options.force, as_json=options.json)

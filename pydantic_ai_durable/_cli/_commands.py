@@ -34,7 +34,7 @@ from ..journals import (
 from ._parsing import Duration, run_order
 from ._render import cell, epoch, escape, local, plural, print_json, print_lines, quote, size, table, utc
 from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, Target, run_on
-from ._waiting import calls_lines, sealed_note
+from ._waiting import calls_lines, sealed_note, state_text
 
 __all__ = ('delete_command', 'list_command', 'prune_command', 'rekey_command', 'show_command')
 
@@ -96,6 +96,8 @@ def _info_json(info: ExecutionInfo) -> dict[str, Any]:
         'retain_until_epoch': info.retain_until,
         'problem': info.problem,
         'pending': [call_json(call) for call in info.pending],
+        'wakes_at': utc(info.wakes_at),
+        'wakes_at_epoch': info.wakes_at,
     }
 
 
@@ -111,7 +113,7 @@ def list_command(target: Target, states: tuple[ExecutionState, ...] | None, as_j
     rows = [
         [
             cell(info.key, _KEY_WIDTH),
-            cell(f'{info.state} ({len(info.pending)})' if info.pending else info.state, _KIND_WIDTH),
+            cell(state_text(info), _KIND_WIDTH),
             str(info.runs),
             str(info.steps),
             size(info.bytes),

@@ -119,6 +119,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         ('complete', 'give the result of a tool call a waiting execution waits on, from outside'),
         ('resolve-event', 'resolve a wait on an external event by its resume token; its next attempt goes on'),
         ('fail-event', 'fail a wait on an external event by its resume token; the run is told why'),
+        ('cancel', "cancel an execution for good, with the provider's job it waits on; nothing more of it runs"),
         ('serve', 'serve the console in the browser (needs the extra console)'),
     ):
         sub[name] = commands.add_parser(name, help=help_text, description=help_text.capitalize() + '.')
@@ -205,6 +206,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         )
     sub['resolve-event'].add_argument('--payload', metavar='JSON', required=True, help='the payload, as JSON')
     sub['fail-event'].add_argument('--reason', metavar='TEXT', required=True, help='why no payload is coming')
+    sub['cancel'].add_argument('key', metavar='KEY', help='the execution key')
+    sub['cancel'].add_argument('--reason', metavar='TEXT', required=True, help='why it is cancelled (recorded)')
+    sub['cancel'].add_argument(
+        '--dispatch', metavar='MODULE', default=None, help="as approve's: send the task on through MODULE's fleet"
+    )
     sub['deny'].add_argument('--message', metavar='TEXT', default=None, help='what the model is told')
     sub['complete'].add_argument('--result', metavar='JSON', required=True, help="the tool's result, as JSON")
     states = {

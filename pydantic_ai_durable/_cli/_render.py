@@ -11,7 +11,7 @@ import json
 import unicodedata
 from collections.abc import Sequence
 
-from .._core import beyond_calendar, utc_moment, utc_text
+from .._runtime import beyond_calendar, utc_moment, utc_text
 
 __all__ = (
     'cell',

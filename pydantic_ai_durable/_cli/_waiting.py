@@ -18,16 +18,27 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from .._answers import answered
-from .._core import Resolution, resolve_calls, resolve_event
+from .._core import Resolution, cancel_execution, resolve_calls, resolve_event
 from .._errors import DurableError, ExecutionBusy, ResolutionRefused
-from ..journals import KEYS_VARIABLE, SEALED, CallDecision, DeferredCall, deferred_calls
+from ..journals import KEYS_VARIABLE, SEALED, CallDecision, DeferredCall, ExecutionInfo, deferred_calls
 from ._render import cell, local, plural, print_json, print_lines, quote, table
 from ._target import EXIT_OK, EXIT_USAGE, Failure, Target, run_on
 
-__all__ = ('calls_lines', 'decide_command', 'default_resolver', 'event_command', 'import_tasks', 'sealed_note')
+__all__ = (
+    'calls_lines',
+    'cancel_command',
+    'decide_command',
+    'default_resolver',
+    'event_command',
+    'import_tasks',
+    'sealed_note',
+    'state_text',
+)
+
+_T = TypeVar('_T')
 
 _ARGS_WIDTH = 60
 
@@ -131,16 +142,35 @@ def event_command(
     return EXIT_OK
 
 
-def _resolved(target: Any, decide: Callable[[Any], Awaitable[Resolution]]) -> Resolution:
+def _resolved(target: Any, decide: Callable[[Any], Awaitable[_T]]) -> _T:
     """`decide` on the target's journal; a refusal, a busy execution or any `DurableError` is one line (CLI-2)."""
 
-    async def guarded(journal: Any) -> Resolution:
+    async def guarded(journal: Any) -> _T:
         try:
             return await decide(journal)
         except (ResolutionRefused, ExecutionBusy, DurableError) as exc:
             raise Failure(' '.join(str(exc).split())) from None
 
     return run_on(target, guarded)
+
+
+def cancel_command(target: Target, key: str, *, reason: str, dispatch: str | None, as_json: bool) -> int:
+    """`cancel`: end an execution for good, with the provider's job it waits on (TM-10)."""
+    if dispatch is not None:
+        import_tasks(dispatch)
+
+    async def cancel(journal: Any) -> str:
+        return await cancel_execution(journal, key, reason, dispatch=dispatch is not None)
+
+    outcome = _resolved(target, cancel)
+    if as_json:
+        print_json({'key': key, 'outcome': outcome})
+    elif outcome == 'cancelled':
+        print_lines([f'cancelled execution {quote(key)}: nothing more of it runs'])
+    else:
+        sent = 'it was sent to a worker' if dispatch is not None else "the workers' sweep sends it, or run it again"
+        print_lines([f'execution {quote(key)} is marked for cancelling: its next attempt cancels its job ({sent})'])
+    return EXIT_OK
 
 
 def import_tasks(module: str) -> None:
@@ -228,3 +258,10 @@ def sealed_note(record: dict[str, Any] | None) -> list[str]:
     if (record or {}).get('status') == 'waiting' and isinstance((record or {}).get(SEALED), dict):
         return [f'calls      encrypted (set ${KEYS_VARIABLE} to read and decide them)']
     return []
+
+
+def state_text(info: ExecutionInfo) -> str:
+    """The state, with how many calls a waiting execution waits on, or `timer` for a long wait (TM-4)."""
+    if info.pending:
+        return f'{info.state} ({len(info.pending)})'
+    return f'{info.state} (timer)' if info.wakes_at is not None else info.state

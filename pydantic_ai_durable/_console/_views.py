@@ -13,7 +13,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._core import RunMeta, call_json, parse_entry, run_order, spend_cost, utc_text
+from .._core import RunMeta, call_json, parse_entry, run_order, spend_cost
+from .._runtime import utc_text
 from ..journals import (
     SEALED,
     DeferredCall,

@@ -16,6 +16,7 @@ from here.
 """
 
 from ._attempt import Attempt, CleanupMode
+from ._cancel import cancel_execution, cancel_request
 from ._conversation import recorded_conversation
 from ._events import (
     EventWait,
@@ -49,7 +50,7 @@ from ._run import DivergenceMode, Run, check_divergence_mode
 from ._stats import Divergence, Stats, StepOutcome
 from ._step import STEP_OBSERVER, SimulatedCrash, Step, StepPoint, current_step
 from ._sweep import DISPATCHED, sweep_interrupted
-from ._times import beyond_calendar, utc_moment, utc_text
+from ._timer_waits import note_timer_wait
 from ._transfer import copy_execution, export_execution, fork_execution, import_execution
 from ._waiting import Deferral, decided_at, decisions_for, note_answered, note_deferred, still_waiting
 
@@ -80,8 +81,9 @@ __all__ = (
     'Step',
     'StepOutcome',
     'StepPoint',
-    'beyond_calendar',
     'call_json',
+    'cancel_execution',
+    'cancel_request',
     'check_divergence_mode',
     'check_metadata',
     'check_same_work',
@@ -104,6 +106,7 @@ __all__ = (
     'note_deferred',
     'note_event',
     'note_provider_wait',
+    'note_timer_wait',
     'parse_document',
     'parse_entry',
     'pending_calls',
@@ -121,7 +124,5 @@ __all__ = (
     'spend_cost',
     'still_waiting',
     'sweep_interrupted',
-    'utc_moment',
-    'utc_text',
     'write_snapshot',
 )

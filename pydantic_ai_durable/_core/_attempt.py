@@ -27,14 +27,15 @@ from .._runtime import (
     retention_seconds,
     start_holding,
 )
-from ..journals import Journal
+from ..journals import TIMERS, Journal
 from ._attempt_view import StoreHold
+from ._cancel import carried_out, check_not_cancelled
 from ._history import ended, started
 from ._lease import LeaseKeeper, store_identity
 from ._records import ENTRY_VERSION, check_not_importing, one_line, readable
 from ._retention import FROM_JOURNAL, check_metadata, check_same_work
 from ._run import DivergenceMode, Run, check_divergence_mode
-from ._stats import Stats
+from ._stats import Stats, log_summary
 from ._step import SimulatedCrash, current_step
 from ._waiting import pending_ids, still_waiting
 
@@ -211,7 +212,11 @@ class Attempt:
 
     async def _finish_state(self, state: StoreHold, error: BaseException | None, *, patient: bool) -> None:
         journal = state.journal
-        if (error is None or isinstance(error, ExecutionWaiting)) and still_waiting(state.record):  # WT-1, EV-2
+        waiting = (error is None or isinstance(error, ExecutionWaiting)) and still_waiting(state.record)  # WT-1, EV-2
+        if carried_out(state.record, error, waiting):  # TM-10: what it would wait on, it was cancelled in
+            history = ended(state.record, self.number, 'cancelled', error)
+            await self._write_record(state, status='failed', history=history, patient=patient)
+        elif waiting:
             await self._write_record(
                 state, status='waiting', history=ended(state.record, self.number, 'waiting'), patient=patient
             )
@@ -336,8 +341,9 @@ class Attempt:
         attempts = record.get('attempts')
         self.number = (attempts if type(attempts) is int else 0) + 1
         check_same_work(self.key, record.get('metadata'), self.metadata, self.fixed_metadata)  # before any write
-        record.pop('retention', None)  # running again: out of retention's reach until it ends
-        record.pop('finished', None)
+        check_not_cancelled(self.key, record)  # TM-10
+        for field in ('retention', 'finished', TIMERS):  # running again: out of retention's reach until it ends,
+            record.pop(field, None)  # and waiting on no long wait until it ends at one itself (TM-4)
         if self.metadata is not None:
             record['metadata'] = self.metadata
         record['history'] = started(record, self.number, self.holder)
@@ -467,7 +473,7 @@ class Attempt:
         end_holding(self.holder)
         if error is None:
             await self._prune_expired()
-        self._log_summary()
+        log_summary(self.key, self.number, self.stats)
         if error is None and lost is not None:
             raise LeaseLost(self.key, holder=lost.holder, reason=lost.reason)
 
@@ -481,20 +487,3 @@ class Attempt:
                 continue
             if pruned:
                 log.info('Retention deleted %d finished executions of %r.', len(pruned), state.journal)
-
-    def _log_summary(self) -> None:
-        stats = self.stats
-        log.info('Execution %r attempt %d: %s.', self.key, self.number, stats.summary())
-        tools = [name for kind, name in stats.not_recorded if kind == 'tool']
-        if tools:
-            names = ', '.join(f'{name} (x{count})' if count > 1 else name for name, count in Counter(tools).items())
-            log.warning('Execution %r: tool steps not recorded, a retry runs them again: %s.', self.key, names)
-        models = sum(1 for kind, _ in stats.not_recorded if kind == 'model')
-        if models:
-            log.warning(
-                'Execution %r: %d model %s not recorded; a retry re-runs %s and every step after the first.',
-                self.key,
-                models,
-                'step was' if models == 1 else 'steps were',
-                'it' if models == 1 else 'them',
-            )

@@ -22,10 +22,10 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from .._errors import DispatchFailed, DurableError, EncryptionMismatch, ExecutionBusy, LeaseLost, ResolutionRefused
-from .._runtime import end_holding, new_holder, start_holding
+from .._runtime import beyond_calendar, end_holding, new_holder, start_holding, utc_moment, utc_text
 from ..journals import (
     DEFERRED,
     SEALED,
@@ -40,23 +40,27 @@ from ..journals import (
 )
 from ._document import check_tree
 from ._records import ENTRY_VERSION
-from ._times import beyond_calendar, utc_moment, utc_text
 
 __all__ = (
     'Dispatcher',
     'Resolution',
     'call_json',
+    'check_open',
     'deadline_message',
     'deny_listed',
     'deny_overdue',
     'describe',
+    'dispatcher_for',
     'pending_calls',
     'resolve_calls',
     'secret_digest',
     'set_dispatcher',
+    'under_own_lease',
 )
 
 log = logging.getLogger('pydantic_ai_durable')
+
+_T = TypeVar('_T')
 
 _RESOLVE_TTL = 5.0
 """Seconds a resolver holds the execution: long enough to read and write one record, short if it dies."""
@@ -133,7 +137,7 @@ async def pending_calls(journal: Journal, key: str, *, decided: bool = False) ->
     often as it likes. An unknown key has none.
     """
     record = await journal.read_execution(key)
-    _check_open(key, record)
+    check_open(key, record)
     calls = deferred_calls(record)
     if decided:
         return calls
@@ -142,7 +146,8 @@ async def pending_calls(journal: Journal, key: str, *, decided: bool = False) ->
     return [call for call in calls if call.pending]
 
 
-def _check_open(key: str, record: dict[str, Any] | None) -> None:
+def check_open(key: str, record: dict[str, Any] | None) -> None:
+    """Refuse a sealed record read without keys: what it holds can neither be read nor decided."""
     if isinstance(record, dict) and SEALED in record:
         raise EncryptionMismatch(
             f'Execution {key!r}: its record is encrypted and this journal was given no keys, so the calls it waits '
@@ -180,7 +185,7 @@ async def resolve_calls(
         raise ValueError('resolve() needs at least one decision: approvals={call_id: ...} or results={call_id: ...}.')
     for call_id, decision in decisions.items():
         _check_json(key, call_id, decision)
-    dispatcher = _dispatcher(key) if dispatch else None
+    dispatcher = dispatcher_for(key) if dispatch else None
     resolution = await _resolve(journal, key, decisions, wait, secret)
     if dispatcher is None or not resolution.completed:
         return resolution
@@ -211,7 +216,8 @@ def _check_json(key: str, call_id: str, decision: CallDecision) -> None:
         )
 
 
-def _dispatcher(key: str) -> Dispatcher:
+def dispatcher_for(key: str) -> Dispatcher:
+    """This process's dispatcher, for `dispatch=True`; a `DurableError` saying what to load when there is none."""
     if not _DISPATCHER:
         raise DurableError(
             f'Execution {key!r}: dispatch=True sends the execution on through the fleet of this process, and no '
@@ -224,6 +230,15 @@ def _dispatcher(key: str) -> Dispatcher:
 async def _resolve(
     journal: Journal, key: str, decisions: Mapping[str, CallDecision], wait: float, secret: str | None
 ) -> Resolution:
+    return await under_own_lease(journal, key, wait, lambda epoch: _decide(journal, key, decisions, epoch, secret))
+
+
+async def under_own_lease(journal: Journal, key: str, wait: float, body: Callable[[int], Awaitable[_T]]) -> _T:
+    """`body(epoch)` under a short lease of its own on execution `key`, taken within `wait` seconds.
+
+    An attempt that holds the execution longer makes it raise `ExecutionBusy`: a write from outside an attempt
+    (a decision, a cancellation) never lands beside the attempt's own.
+    """
     holder = new_holder()
     start_holding(holder)
     try:
@@ -238,7 +253,7 @@ async def _resolve(
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, _POLL_MAX)
         try:
-            return await _decide(journal, key, decisions, lease.epoch, secret)
+            return await body(lease.epoch)
         finally:
             await journal.release_lease(key, holder, lease.epoch)
     finally:
@@ -249,7 +264,7 @@ async def _decide(
     journal: Journal, key: str, decisions: Mapping[str, CallDecision], epoch: int, secret: str | None = None
 ) -> Resolution:
     record = await journal.read_execution(key)
-    _check_open(key, record)
+    check_open(key, record)
     if not isinstance(record, dict) or record.get('v') != ENTRY_VERSION:
         raise ResolutionRefused(
             key, None, f'there is no execution {key!r} in {journal!r}' if record is None else 'its record is unreadable'

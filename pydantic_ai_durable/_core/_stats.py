@@ -7,13 +7,16 @@ run so that reading them needs nothing of the replay machinery.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ._records import KINDS, Kind
 
-__all__ = ('Divergence', 'Stats', 'StepOutcome')
+log = logging.getLogger('pydantic_ai_durable')
+
+__all__ = ('Divergence', 'Stats', 'StepOutcome', 'log_summary')
 
 
 @dataclass(frozen=True)
@@ -73,4 +76,22 @@ class Stats:
         return (
             f'replayed {replayed} {_steps(replayed)} ({counts(self.replayed)}{f"; {matched}" if matched else ""}), '
             f'recorded {recorded} new {_steps(recorded)} ({counts(self.recorded)})'
+        )
+
+
+def log_summary(key: str, number: int, stats: Stats) -> None:
+    """Log what an attempt replayed and recorded (S-2), and warn about the steps a retry runs again."""
+    log.info('Execution %r attempt %d: %s.', key, number, stats.summary())
+    tools = [name for kind, name in stats.not_recorded if kind == 'tool']
+    if tools:
+        names = ', '.join(f'{name} (x{count})' if count > 1 else name for name, count in Counter(tools).items())
+        log.warning('Execution %r: tool steps not recorded, a retry runs them again: %s.', key, names)
+    models = sum(1 for kind, _ in stats.not_recorded if kind == 'model')
+    if models:
+        log.warning(
+            'Execution %r: %d model %s not recorded; a retry re-runs %s and every step after the first.',
+            key,
+            models,
+            'step was' if models == 1 else 'steps were',
+            'it' if models == 1 else 'them',
         )

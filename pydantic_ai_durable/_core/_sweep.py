@@ -27,6 +27,7 @@ from ..journals import ExecutionInfo, Journal, deferred_calls
 from ._provider_waits import waits_on_provider
 from ._records import ENTRY_VERSION
 from ._resolve import deny_listed
+from ._timer_waits import timer_ahead, waits_on_timer
 
 __all__ = ('DISPATCHED', 'sweep_interrupted')
 
@@ -53,8 +54,9 @@ async def sweep_interrupted(
     An execution is dispatched when no attempt wrote to it for `idle` seconds and no sweep dispatched it in
     the last `idle` seconds (or since, an attempt started). So is a waiting execution whose every call is
     decided, `idle` seconds after the last decision (at once when this sweep's deadlines decided it), and
-    never one that still waits on a call; and one whose run waits on the provider's job alone, once per
-    `idle`, so that its next attempt checks the job (TM-7). `dispatch` gets the execution as
+    never one that still waits on a call; one whose run waits on the provider's job alone, once per
+    `idle`, so that its next attempt checks the job (TM-7); and one that ended an attempt at a long wait, once
+    the wait's wake-up time has passed (TM-4). `dispatch` gets the execution as
     `list_executions` shows it (its key and `metadata`) and must enqueue a task that enters
     `execution(key)` again; a dispatch that raises is logged and retried by a later sweep
     once `idle` has passed. An execution that a live attempt holds, that ended meanwhile, or that another
@@ -81,7 +83,7 @@ async def sweep_interrupted(
         info
         for info in listed
         if (info.state == 'interrupted' and now - info.updated >= idle)
-        or (info.key in decided or (_ready(info) and now - info.updated >= idle))
+        or (info.key in decided or (_ready(info) and _idle_over(info, now, idle)))
     ]
     if select is not None:
         candidates = [info for info in candidates if select(info)]
@@ -117,6 +119,11 @@ def _ready(info: ExecutionInfo) -> bool:
     return info.state == 'waiting' and not info.pending and info.problem is None
 
 
+def _idle_over(info: ExecutionInfo, now: float, idle: float) -> bool:
+    """Whether a ready execution is due: `idle` after its last write, or, waiting on a timer, once it is over (TM-4)."""
+    return now - info.updated >= idle if info.wakes_at is None else info.wakes_at <= now
+
+
 async def _claim(journal: Journal, key: str, idle: float, ttl: float) -> bool:
     """Mark `key` dispatched for its interrupted attempt, under a lease of the sweep's own; `False`: leave it."""
     holder = new_holder()
@@ -148,8 +155,9 @@ def _due(record: dict[str, Any] | None, idle: float) -> bool:
     status = record.get('status')
     calls = deferred_calls(record) if status == 'waiting' else []
     decided = not any(call.pending for call in calls)
-    # TM-7: a run waiting on the provider is sent on to check its job, once per `idle`
-    ready = decided and (bool(calls) or (status == 'waiting' and waits_on_provider(record)))
+    # TM-7: a run waiting on the provider is sent on to check its job, once per `idle`; TM-4: a long wait, once over
+    waits = status == 'waiting' and (waits_on_provider(record) or waits_on_timer(record))
+    ready = decided and (bool(calls) or waits) and not timer_ahead(record)
     if status != 'running' and not ready:
         return False  # finished or failed meanwhile, or still waiting on a call
     mark = record.get(DISPATCHED)

@@ -15,8 +15,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..journals import DEFERRED, CallDecision, CallKind, decision_of, deferred_calls
+from ..journals import DEFERRED, CallDecision, CallKind, decision_of, deferred_calls, timer_waits
 from ._provider_waits import waits_on_provider
+from ._timer_waits import waits_on_timer
 
 __all__ = (
     'Deferral',
@@ -222,11 +223,19 @@ def decided_at(record: dict[str, Any], run: str, waits: Iterable[tuple[str, int]
 
 
 def still_waiting(record: dict[str, Any]) -> bool:
-    """Whether a call noted in the record is still undecided and unanswered, or a run waits on the provider
-    (TM-7): the attempt then ends `waiting`."""
-    return any(call.pending for call in deferred_calls(record)) or waits_on_provider(record)
+    """Whether a call noted in the record is still undecided and unanswered, a run waits on the provider (TM-7)
+    or a run ended the attempt at a long wait (TM-4): the attempt then ends `waiting`."""
+    return any(call.pending for call in deferred_calls(record)) or waits_on_provider(record) or waits_on_timer(record)
 
 
 def pending_ids(records: Iterable[dict[str, Any]]) -> tuple[str, ...]:
-    """The ids of the calls still undecided in `records`: what an attempt that ended leaves its execution waiting on."""
-    return tuple(call.call_id for record in records for call in deferred_calls(record, pending_only=True))
+    """The ids of the calls still undecided in `records`, and `durable_sleep` for each long wait a run ended on
+    (TM-4): what an attempt that ended leaves its execution waiting on."""
+    return tuple(
+        name
+        for record in records
+        for name in (
+            *(call.call_id for call in deferred_calls(record, pending_only=True)),
+            *('durable_sleep' for _ in timer_waits(record)),
+        )
+    )

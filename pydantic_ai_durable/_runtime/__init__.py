@@ -1,7 +1,8 @@
 """What every layer needs of the process it runs in: who it is, its clock, its background loop, deadlines.
 
 Process identity and lease holders (`_holder`), the one background event loop (`_background`), the
-deadline of the journal call being retried (`_deadline`) and the retention value (`_retention`) are used
+deadline of the journal call being retried (`_deadline`), the retention value (`_retention`) and how a stored
+time is shown (`_times`) are used
 from the journal backends up to the capability, so they sit below all of them. Nothing here imports
 another part of the package.
 """
@@ -21,6 +22,7 @@ from ._holder import (
     token_of,
 )
 from ._retention import DEFAULT_RETENTION, Retention, retention_seconds
+from ._times import beyond_calendar, utc_moment, utc_text
 
 __all__ = (
     'DEADLINE',
@@ -29,6 +31,7 @@ __all__ = (
     'BackgroundLoop',
     'Retention',
     'background',
+    'beyond_calendar',
     'boot_id',
     'call_on',
     'end_holding',
@@ -41,4 +44,6 @@ __all__ = (
     'retention_seconds',
     'start_holding',
     'token_of',
+    'utc_moment',
+    'utc_text',
 )

@@ -127,8 +127,11 @@ class DurableBackend(JournalCallableOperationBackend[None]):
                     return payload
                 dump = self._bound[operation_id].operation.result_codec.dump
                 return await checked(active, kind, cache_key, payload, dump)  # TM-8
-        if isinstance(operation_id, ModelCancelSuspendedResponseId) and active.cancelled:
-            return None  # TM-6: an attempt's cancellation leaves the provider's job to the next attempt
+        if isinstance(operation_id, ModelCancelSuspendedResponseId):
+            if active.cancelling is not None:
+                return await body()  # TM-10: the one live call of an attempt that cancels its execution
+            if active.keeps_job:
+                return None  # TM-6, TM-4: an attempt cancelled, or ended at a long wait, leaves the job to the next one
         return await run_step(active, self._step_kind(operation_id, name, body, cache_key, decoder, hands_on))
 
     def _step_kind(

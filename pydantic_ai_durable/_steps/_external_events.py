@@ -110,6 +110,7 @@ class DurableEventWaiter:
             slot = note_event(record, wait)
         decision = settle_overdue(slot)
         if decision is None:
+            active.refuse_if_cancelling()  # TM-10: a cancelled execution waits on nothing
             deadline = slot.get('deadline')
             raise ExecutionWaiting(
                 key, name=name, wait=ref, deadline=deadline if isinstance(deadline, (int, float)) else None

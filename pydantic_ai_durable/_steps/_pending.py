@@ -74,6 +74,10 @@ async def checked(
                 break
             checked_live = True
         model_id, messages, settings, params, ctx = cache_key[:5]
+        if checked_live and active.cancelling is not None:  # TM-10: cancel the job instead of checking it
+            model = await active.resolve_model(cast('str | None', model_id), cast('RunContext[Any]', ctx))
+            await model.cancel_suspended_response(response)
+            active.refuse_if_cancelling()
         sent = [*cast('list[ModelMessage]', messages), response]
         key = (model_id, sent, settings, params, ctx, *cache_key[5:])
         body = _check_body(active, cast('str | None', model_id), sent, settings, params, ctx, dump)

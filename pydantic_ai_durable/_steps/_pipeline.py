@@ -145,6 +145,7 @@ async def run_step(active: ActiveRun, kind: StepKind) -> object:
             finally:
                 if step.by_arguments:  # the next attempt replays it by position, a value or a signal alike
                     await step.keep()
+    active.refuse_if_cancelling()  # TM-10: an attempt that cancels its execution runs nothing live
     ahead = kind.going_live(active, step)
     if ahead is not None:
         await ahead

@@ -6,9 +6,11 @@ passed already, so a recovered run goes straight to its first live check; the wa
 sleeps only for what is left of it. The clock is the wall clock (`time.time`), so the wake-up time means the
 same to every process that continues the execution.
 
-A cancelled attempt (its task cancelled, or its run's `CancellationToken` fired) is noted on the run when the
-cancellation reaches a wait or a poll, and pydantic-ai's cancellation of the job it was waiting on then does
-not reach the provider: the next attempt continues the same job (TM-6).
+A wait longer than `Durable(suspend_waits_over=...)` ends the attempt once its wake-up time is recorded: the
+execution waits until then holding nothing, and the attempt that goes on sleeps only what is left (TM-4). A
+cancelled attempt (its task cancelled, or its run's `CancellationToken` fired) is noted on the run when the
+cancellation reaches a wait or a poll; in both cases pydantic-ai's cancellation of the job it was waiting on
+does not reach the provider, and the next attempt continues the same job (TM-6).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 import anyio
 
 from .._active_run import ActiveRun
+from .._core import note_timer_wait
+from .._errors import ExecutionWaiting
 from ._pipeline import StepKind, run_step
 
 __all__ = ('TIMER_STEP', 'Timer', 'durable_wait', 'noting_cancellation')
@@ -64,6 +68,7 @@ async def durable_wait(active: ActiveRun, seconds: float) -> None:
     earlier version of the package recorded another step at this position (it journaled no
     timers), the wait steps aside and does not sleep: the step it precedes replays as recorded (TM-5).
     """
+    active.refuse_if_cancelling()  # TM-10: pydantic-ai then cancels the job it waited on
     recorded = active.run.recorded_next()
     if recorded is not None and recorded != TIMER_STEP:
         return
@@ -75,7 +80,26 @@ async def durable_wait(active: ActiveRun, seconds: float) -> None:
         wake_at = _wake_at(payload)
         left = max(seconds, 0.0) if wake_at is None else wake_at - clock()
         if left > 0:
+            _end_attempt_if_long(active, payload, left)
             await (active.outer_sleep or anyio.sleep)(left)
+
+
+def _end_attempt_if_long(active: ActiveRun, payload: object, left: float) -> None:
+    """End the attempt here, its execution `waiting` until the wake-up time, if `left` is more than it may hold (TM-4).
+
+    Only the run the app started ends its attempt: a nested run's wait is its caller's step, which has no
+    position to come back to. The provider's job is kept for the attempt that goes on (`keeps_job`).
+    """
+    limit, wake_at = active.suspend_waits_over, _wake_at(payload)
+    if limit is None or left <= limit or wake_at is None or '.' in active.run.key:
+        return
+    run, wait = active.run, active.run.next_position - 1
+    seconds = payload.get('seconds') if isinstance(payload, dict) else None
+    since = wake_at - seconds if isinstance(seconds, (int, float)) else wake_at - left
+    note_timer_wait(run.state.record, run.key, wait, since, wake_at)
+    active.keeps_job = True
+    ref = f'{TIMER_STEP}@{run.key}:{wait}'
+    raise ExecutionWaiting(run.attempt.key, name=TIMER_STEP, wait=ref, deadline=None, wakes_at=wake_at)
 
 
 @asynccontextmanager
@@ -87,5 +111,5 @@ async def noting_cancellation(active: ActiveRun) -> AsyncIterator[None]:
     try:
         yield
     except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
-        active.cancelled = True
+        active.keeps_job = True
         raise

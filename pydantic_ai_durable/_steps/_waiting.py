@@ -42,16 +42,18 @@ MAX_WAIT_TIMEOUT = 100 * 365 * 86400
 its deadline would lie past the calendar `show`, `list` and the console print."""
 
 
-def check_wait_timeout(value: object, where: str = 'Durable(wait_timeout=...)') -> float | None:
-    """A deadline in seconds, or `None` (waits for ever); anything else is refused before a run starts."""
+def check_wait_timeout(
+    value: object, where: str = 'Durable(wait_timeout=...)', *, what: str = 'to wait for ever'
+) -> float | None:
+    """A length in seconds, or `None` (`what` it then means); anything else is refused before a run starts."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f'{where} must be a positive number of seconds, or None to wait for ever, not {value!r}.')
+        raise ValueError(f'{where} must be a positive number of seconds, or None {what}, not {value!r}.')
     if value > MAX_WAIT_TIMEOUT:
         raise ValueError(
-            f'{where} is {value:g} seconds, more than the {MAX_WAIT_TIMEOUT} (a hundred years) a deadline may be; '
-            'pass None to wait for ever.'
+            f'{where} is {value:g} seconds, more than the {MAX_WAIT_TIMEOUT} (a hundred years) a wait may be; '
+            f'pass None {what}.'
         )
     return float(value)
 

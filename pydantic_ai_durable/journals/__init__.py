@@ -30,6 +30,9 @@ from ._sealing import Sealer as Sealer
 from ._sealing import clear_marker as clear_marker
 from ._sealing import plain_values_opened as plain_values_opened
 from ._sealing import reseal as reseal
+from ._timer_waits import TIMERS as TIMERS
+from ._timer_waits import timer_waits as timer_waits
+from ._timer_waits import wakes_at as wakes_at
 from .disk import DiskJournal
 from .disk import default_directory as default_directory
 from .memory import MemoryJournal

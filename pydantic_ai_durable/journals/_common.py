@@ -12,6 +12,7 @@ from . import _json
 from ._deferred import DeferredCall, pending_of
 from ._protocol import EXECUTION_STATES, ExecutionInfo, ExecutionPage, ExecutionState, Journal, Lease
 from ._sealing import Sealer
+from ._timer_waits import wakes_at
 
 __all__ = (
     'MAX_PAGE',
@@ -72,6 +73,8 @@ class Listed(NamedTuple):
     """Why the record could not be read (`corrupt`, or sealed under keys not given), else `None`."""
     pending: tuple[DeferredCall, ...]
     """For a waiting execution, the calls it still waits on."""
+    wakes_at: float | None = None
+    """For a waiting execution, when the earliest timer it ended an attempt on is over (TM-4)."""
 
 
 def listed(sealer: Sealer, key: str, text: object, *, leased: bool, wanted: frozenset[ExecutionState]) -> Listed | None:
@@ -84,7 +87,7 @@ def listed(sealer: Sealer, key: str, text: object, *, leased: bool, wanted: froz
 
 
 def described(sealer: Sealer, key: str, record: dict[str, Any] | None, *, leased: bool) -> Listed:
-    """One execution's state, metadata, problem and pending calls, from its stored record (`None`: none).
+    """One execution's state, metadata, problem, pending calls and timer, from its stored record (`None`: none).
 
     It is `corrupt` exactly when an attempt would refuse it: its sealed part fails authentication, or, in a
     journal given keys, it does not decode; the reason goes with it, and the listing of every other
@@ -101,7 +104,7 @@ def described(sealer: Sealer, key: str, record: dict[str, Any] | None, *, leased
     problem = None
     if _json.undecoded(record):
         problem = 'its execution record does not decode (it is not a JSON object); an attempt reads it as absent'
-    return Listed(state, metadata_of(opened), problem, pending_of(opened))
+    return Listed(state, metadata_of(opened), problem, pending_of(opened), wakes_at(opened))
 
 
 def metadata_of(record: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -95,6 +95,7 @@ class Listing:
             retain_until=float(retain_until) if isinstance(retain_until, (int, float)) else None,
             problem=shown.problem,
             pending=shown.pending,
+            wakes_at=shown.wakes_at,
         )
 
     def leased(self) -> list[str]:

@@ -108,6 +108,7 @@ async def read_page(
                 retain_until=float(retain_until) if retain_until is not None else None,
                 problem=shown.problem,
                 pending=shown.pending,
+                wakes_at=shown.wakes_at,
             )
         )
     return ExecutionPage(infos, counts)
@@ -139,6 +140,7 @@ def listing(rows: list[tuple[Any, ...]], sealer: Sealer, wanted: frozenset[Execu
                 retain_until=float(retain_until) if retain_until is not None else None,
                 problem=shown.problem,
                 pending=shown.pending,
+                wakes_at=shown.wakes_at,
             )
         )
     return sorted(infos, key=lambda info: info.key)

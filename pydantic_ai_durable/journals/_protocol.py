@@ -92,6 +92,9 @@ class ExecutionInfo:
     """For a waiting execution: the tool calls it still waits on, read from its record alone."""
     problem: str | None = None
     """Why its record could not be read: set for a `corrupt` execution, and for one sealed under keys not given."""
+    wakes_at: float | None = None
+    """For a waiting execution that ended an attempt at a long wait: epoch seconds when the earliest such wait
+    ends, after which the sweep sends it on (TM-4); `None` when it waits on no timer."""
 
 
 @dataclass(frozen=True)

@@ -368,6 +368,7 @@ class DiskJournal:
                     retain_until=float(retain_until) if isinstance(retain_until, (int, float)) else None,
                     problem=shown.problem,
                     pending=shown.pending,
+                    wakes_at=shown.wakes_at,
                 )
             )
         return sorted(infos, key=lambda info: info.key)

@@ -170,6 +170,7 @@ class MemoryJournal:
                         retain_until=stored.retain_until,
                         problem=shown.problem,
                         pending=shown.pending,
+                        wakes_at=shown.wakes_at,
                     )
                 )
         return sorted(infos, key=lambda info: info.key)
