@@ -1,6 +1,7 @@
 """Per-request cost of the model fingerprint: from scratch vs incremental (PERF-1).
 
 Run: `python benchmarks/fingerprint.py`. Not a test; prints one table and takes well under a minute.
+`--smoke` runs the two smallest sizes for a few steps: only to check the script still runs (PERF-4).
 
 A history of N messages is what a long tool-using run holds: a system prompt and a user prompt, then
 pairs of a model response (200-2,000 characters of text plus a tool call) and a tool return (200-2,000
@@ -127,11 +128,12 @@ def micros(seconds: float) -> str:
 
 
 def main() -> None:
-    steps = 200
-    history = build_history(max(SIZES) + 2 * steps)
+    smoke = '--smoke' in sys.argv[1:]
+    sizes, steps = (SIZES[:2], 5) if smoke else (SIZES, 200)
+    history = build_history(max(sizes) + 2 * steps)
     measure_incremental(history, 10, 20)  # warm up adapters and caches
     rows = []
-    for size in SIZES:
+    for size in sizes:
         full = measure_full(history[:size], repeats=max(3, min(30, 3_000 // size)))
         incremental = measure_incremental(history, size, steps)
         rows.append((size, full, incremental))

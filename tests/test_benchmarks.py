@@ -25,7 +25,7 @@ POSTGRES = _find_binaries() is not None
 CASES = {
     'agent_overhead': (['--smoke'], 'peak memory per round trip at N=5'),
     'durability_power': (['--writes', '5', '--steps', '2', '--rounds', '1'], 'of which the journal adds'),
-    'fingerprint': ([], 'speed-up'),
+    'fingerprint': (['--smoke'], 'speed-up'),
     'import_memory': (['--payloads', '2', '--mib', '1'], 'times the file'),
     'retention': (
         ['--n', '20', '--rounds', '1', *([] if POSTGRES else ['--no-postgres'])],

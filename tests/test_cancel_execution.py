@@ -33,6 +33,7 @@ from pydantic_ai_durable import (
     cancel_execution,
     execution,
     resolve,
+    set_dispatcher,
     sweep_interrupted,
 )
 
@@ -146,8 +147,12 @@ async def test_tm10_what_cannot_be_cancelled_is_refused_saying_why(sleeps: Sleep
         await cancel_execution(journal, 'nobody', 'why')
     with pytest.raises(ValueError, match='needs a reason'):
         await cancel_execution(journal, 'done', '  ')
-    with pytest.raises(DurableError, match='no fleet is loaded'):
-        await cancel_execution(journal, 'done', 'send it', dispatch=True)
+    before = set_dispatcher(None)  # a process that loaded no fleet
+    try:
+        with pytest.raises(DurableError, match='no fleet is loaded'):
+            await cancel_execution(journal, 'done', 'send it', dispatch=True)
+    finally:
+        set_dispatcher(before)
 
     async with execution('busy', journal=journal):  # an attempt holds it: cancel that attempt's task first
         with pytest.raises(ExecutionBusy):
@@ -223,3 +228,30 @@ async def test_tm10_the_cli_cancels_an_execution_and_refuses_what_it_cannot_in_o
     assert unknown.returncode == 1 and unknown.stderr.count('\n') == 1 and 'does not exist' in unknown.stderr
     missing = cli(tmp_path / 'journal', 'cancel', 'report')
     assert missing.returncode == 2 and '--reason' in missing.stderr
+
+
+async def test_tm10_dispatch_sends_a_marked_execution_on_and_a_failed_send_leaves_the_mark_standing(
+    sleeps: Sleeps, tmp_path: Path
+) -> None:
+    batches, journal = BatchFile(tmp_path / 'batches.json'), MemoryJournal()
+    agent = batch_agent(journal, batches, interval=3600.0, suspend_waits_over=60)
+    for key in ('sent', 'lost'):
+        with pytest.raises(ExecutionWaiting):
+            async with execution(key, journal=journal):
+                await agent.run(PROMPT)
+    sent: list[str] = []
+
+    async def send(journal: object, key: str) -> None:
+        if key == 'lost':
+            raise ConnectionError('broker down')
+        sent.append(key)
+
+    before = set_dispatcher(send)
+    try:
+        assert await cancel_execution(journal, 'sent', 'stop', dispatch=True) == 'requested'
+        with pytest.raises(DurableError, match=r'the cancellation is recorded, but sending it on.*broker down'):
+            await cancel_execution(journal, 'lost', 'stop', dispatch=True)
+    finally:
+        set_dispatcher(before)
+    assert sent == ['sent']
+    assert await states(journal) == {'sent': 'interrupted', 'lost': 'interrupted'}  # both marked: the sweep sends

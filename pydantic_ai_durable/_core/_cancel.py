@@ -92,7 +92,13 @@ async def cancel_execution(
     dispatcher = dispatcher_for(key) if dispatch else None
     outcome = await under_own_lease(journal, key, wait, lambda epoch: _mark(journal, key, reason, epoch))
     if dispatcher is not None and outcome == 'requested':
-        await dispatcher(journal, key)
+        try:
+            await dispatcher(journal, key)
+        except Exception as exc:
+            raise DurableError(
+                f'Execution {key!r}: the cancellation is recorded, but sending it on to a worker failed '
+                f"({type(exc).__name__}: {exc}). It stands: the workers' sweep sends it on, or run the same code again."
+            ) from exc
     return outcome
 
 
