@@ -31,6 +31,8 @@ from pydantic_ai_durable import DiskJournal, Durable, Journal, PostgresJournal, 
 from pydantic_ai_durable._cli import parse_duration, run_order
 from pydantic_ai_durable.journals._json import dumps
 
+pytestmark = pytest.mark.once  # the package's own machinery, whatever the pydantic-ai release: CI's second job skips it
+
 _T = TypeVar('_T')
 
 ORDER = 'order-42'

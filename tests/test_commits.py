@@ -24,6 +24,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai_durable import DiskJournal, Durable, LeaseLost, PostgresJournal, execution
 from pydantic_ai_durable.journals import Journal
 
+pytestmark = pytest.mark.once  # the package's own machinery, whatever the pydantic-ai release: CI's second job skips it
+
 ROUND_TRIP_COMMITS = 3
 """The request's count, the response's entry with its tokens, the tool's entry."""
 

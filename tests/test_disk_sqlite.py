@@ -29,6 +29,8 @@ from packaging.version import Version
 
 from pydantic_ai_durable import DiskJournal, JournalError, JournalUnavailable, execution
 
+pytestmark = pytest.mark.once  # the package's own machinery, whatever the pydantic-ai release: CI's second job skips it
+
 WORKER = Path(__file__).resolve().parent / 'disk_worker.py'
 POSIX = pytest.mark.skipif(sys.platform == 'win32', reason='fcntl locks are POSIX')
 

@@ -43,6 +43,8 @@ from pydantic_ai_durable import (
 from pydantic_ai_durable._core import rekey
 from pydantic_ai_durable.journals import Journal, reseal
 
+pytestmark = pytest.mark.once  # the package's own machinery, whatever the pydantic-ai release: CI's second job skips it
+
 MARKER = 'zebra-marker-9f3c'
 SECRET = 'sk-live-7d1e2a44'
 KEY_A = bytes(range(32))

@@ -39,6 +39,8 @@ from pydantic_ai_durable import (
     execution,
 )
 
+pytestmark = pytest.mark.once  # the package's own machinery, whatever the pydantic-ai release: CI's second job skips it
+
 STEPS = 5
 EXPECTED = ' '.join(f'result-{n}' for n in range(1, STEPS + 1))
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pg import fresh_schema
 
-pytestmark = pytest.mark.skipif(sys.platform == 'win32', reason='needs fork')
+pytestmark = [pytest.mark.skipif(sys.platform == 'win32', reason='needs fork'), pytest.mark.once]
 
 _SCRIPT = textwrap.dedent(
     """

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from pg import fresh_schema
 
+pytestmark = pytest.mark.once  # the package's own machinery, whatever the pydantic-ai release: CI's second job skips it
+
 WORKER = textwrap.dedent(
     """
     import os, signal, sys, time

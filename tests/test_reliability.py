@@ -47,6 +47,8 @@ from pydantic_ai_durable import (
 )
 from pydantic_ai_durable.journals._common import execution_id
 
+pytestmark = pytest.mark.once  # the package's own machinery, whatever the pydantic-ai release: CI's second job skips it
+
 LOGGER = 'pydantic_ai_durable'
 POSIX = pytest.mark.skipif(sys.platform == 'win32', reason='needs POSIX signals')
 

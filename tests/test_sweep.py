@@ -21,6 +21,8 @@ from waiting_agent import KEY, attempt
 from pydantic_ai_durable import ExecutionInfo, Journal, execution, resolve, sweep_interrupted
 from pydantic_ai_durable._core import SimulatedCrash
 
+pytestmark = pytest.mark.once  # the package's own machinery, whatever the pydantic-ai release: CI's second job skips it
+
 IDLE = 0.3
 """Seconds an execution must be left before a sweep dispatches it, and between two dispatches of it."""
 

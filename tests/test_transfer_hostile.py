@@ -21,6 +21,8 @@ from test_transfer_faults import _cli, _one_line
 
 from pydantic_ai_durable import ExportInvalid, MemoryJournal, execution, import_execution
 
+pytestmark = pytest.mark.once  # the package's own machinery, whatever the pydantic-ai release: CI's second job skips it
+
 PAYLOAD = '"hostile-payload-marker"'
 
 
