@@ -32,6 +32,7 @@ from pydantic_ai_durable import (
     ResolutionRefused,
     cancel_execution,
     execution,
+    fork_execution,
     resolve,
     set_dispatcher,
     sweep_interrupted,
@@ -134,6 +135,11 @@ async def test_tm10_an_execution_waiting_on_a_decision_holds_no_job_and_is_cance
         async with execution('order-1', journal=journal):
             await agent.run('refund it')
     assert ran == []
+
+    await fork_execution(journal, 'order-1', 'order-1-again', at=1)  # new work: the fork is not cancelled
+    async with execution('order-1-again', journal=journal):
+        assert isinstance((await agent.run('refund it')).output, DeferredToolRequests)
+    assert (await states(journal))['order-1-again'] == 'waiting'
 
 
 async def test_tm10_what_cannot_be_cancelled_is_refused_saying_why(sleeps: Sleeps, tmp_path: Path) -> None:

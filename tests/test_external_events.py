@@ -472,3 +472,32 @@ async def test_ev1_a_handler_of_a_capability_with_an_id_is_asked_once_too(journa
         async with execution('ided-1', journal=journal):
             assert (await agent.run('refund')).output == '{"refund":"ok"}'
     assert len(asked) == 1 and len(paid) == 1
+
+
+async def test_ev3_a_fork_past_an_unresolved_wait_is_refused_and_one_at_the_wait_asks_with_a_token_of_its_own(
+    journal: DiskJournal, log: Path
+) -> None:
+    from pydantic_ai_durable import ImportRefused, fork_execution
+
+    first = await attempt(journal, log)
+    assert isinstance(first, ExecutionWaiting) and first.wait == f'{WAIT}@0:1'
+    source_token = token_file(log).read_text()
+    with pytest.raises(ImportRefused, match='its resume token names'):
+        await fork_execution(journal, KEY, 'order-9-again', at=2)  # it would keep a wait no token resolves
+    assert await journal.read_execution('order-9-again') is None
+
+    await fork_execution(journal, KEY, 'order-9-again', at=1)  # at the wait: the fork's run asks again
+    agent = build(journal, log)
+    with pytest.raises(ExecutionWaiting):
+        async with execution('order-9-again', journal=journal):
+            await agent.run(PROMPT)
+    assert lines(log) == ['model', 'ask hand-on', 'ask hand-on']  # the model step replayed; the fork asked anew
+    fork_token = token_file(log).read_text()
+    assert fork_token != source_token
+    await resolve_external_event(journal, source_token, {'approvals': {'c1': False}})  # the source's own wait
+    with pytest.raises(ExecutionWaiting):  # which leaves the fork's waiting
+        async with execution('order-9-again', journal=journal):
+            await agent.run(PROMPT)
+    await resolve_external_event(journal, fork_token, {'approvals': {'c1': True}})
+    async with execution('order-9-again', journal=journal):
+        assert (await agent.run(PROMPT)).output == 'c1 refund: refunded 5'

@@ -149,3 +149,18 @@ async def test_tm7_the_sweep_sends_a_run_waiting_on_the_provider_on_once_per_idl
     await asyncio.sleep(idle)
     assert await sweep_interrupted(journal, dispatch, idle=idle) == []  # finished: nothing to send
     assert sent == ['report', 'report'] and counts(batches) == (1, 2, 0)
+
+
+async def test_tm9_xp3_a_fork_before_the_pending_request_waits_on_no_job_until_its_own_run_submits_one(
+    sleeps: Sleeps, tmp_path: Path
+) -> None:
+    from pydantic_ai_durable import fork_execution
+
+    batches, journal = BatchFile(tmp_path / 'batches.json'), MemoryJournal()
+    agent = pending_agent(journal, batches)
+    assert isinstance(await attempt(agent, journal), PendingModelResponse)
+    await fork_execution(journal, 'report', 'report-2', at=0)
+    assert 'provider_waits' not in (await journal.read_execution('report-2') or {})  # the job is the source's
+    async with execution('report-2', journal=journal):
+        assert isinstance((await agent.run(PROMPT)).output, PendingModelResponse)
+    assert counts(batches) == (2, 0, 0)  # the fork submitted its own request, and checked no one else's job

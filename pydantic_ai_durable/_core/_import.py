@@ -20,10 +20,12 @@ from typing import Any
 
 from .._errors import ImportRefused, LeaseLost
 from .._runtime import end_holding, new_holder, start_holding
-from ..journals import DEFERRED, Journal
+from ..journals import DEFERRED, TIMERS, Journal, decision_of
+from ._cancel import CANCEL
 from ._export import RunCopy, Snapshot, check_key, read_snapshot
 from ._fences import RunMeta
 from ._lease import LeaseKeeper
+from ._provider_waits import PROVIDER_WAITS
 from ._records import IMPORTING, is_importing
 
 __all__ = ('ImportReport', 'fork_snapshot', 'read_stable_snapshot', 'write_snapshot')
@@ -180,12 +182,16 @@ def fork_snapshot(snapshot: Snapshot, *, run: str, at: int) -> Snapshot:
     record = {
         key: value
         for key, value in _copy.deepcopy(snapshot.record).items()
-        if key not in ('status', 'finished', 'retention', 'patient')
+        if key not in ('status', 'finished', 'retention', 'patient', CANCEL, TIMERS)  # new work: neither cancelled
     }
     record['attempts'] = 0
     record['runs'] = [copy.name for copy in kept]
     if DEFERRED in record:
         record[DEFERRED] = _waits_before(record[DEFERRED], cut, at)
+        _refuse_unresolvable(snapshot.key, record[DEFERRED], at)
+    waits = record.pop(PROVIDER_WAITS, None)  # the fork's own run checks on a job it reaches itself
+    if isinstance(waits, dict) and (kept_waits := {r: w for r, w in waits.items() if r.isdigit() and int(r) < cut}):
+        record[PROVIDER_WAITS] = kept_waits
     record['forked_from'] = {'key': snapshot.key, 'run': run, 'at': at}
     return Snapshot(snapshot.key, record, kept, 'interrupted', snapshot.payloads)
 
@@ -208,6 +214,23 @@ def _waits_before(calls: object, cut: int, at: int) -> dict[str, Any]:
         if int(run) < cut or (int(run) == cut and isinstance(wait, int) and wait < at):
             kept[slot] = item
     return kept
+
+
+def _refuse_unresolvable(key: str, calls: dict[str, Any], at: int) -> None:
+    """Refuse a fork that keeps a wait on an external event nobody resolved (EV-3).
+
+    Its token names the execution forked, and its `ask` replays in the fork without asking again, so no token
+    could ever resolve the fork's copy: the fork would wait for ever.
+    """
+    for item in calls.values():
+        if isinstance(item, dict) and item.get('kind') == 'event' and decision_of(item.get('decision')) is None:
+            raise ImportRefused(
+                f'Execution {key!r} waits on the external event {item.get("id")!r} (run {item.get("run")}, step '
+                f'{item.get("wait")}) before step {at}: its resume token names {key!r}, so nothing could resolve '
+                "the fork's copy of the wait. Fork at or before that step (the fork's run asks again, with a token "
+                'of its own), or resolve the wait first.',
+                key=key,
+            )
 
 
 def _cut_run(run: RunCopy, at: int) -> RunCopy:
