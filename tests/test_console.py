@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -423,7 +424,8 @@ def test_ui7_approve_deny_and_complete_from_the_page_then_the_same_code_goes_on(
 
     browser.switch_to.window(stale)  # a different decision for the call just approved: refused, with the reason
     _submit(browser, _call(browser, WAITING, 'c2').find_element(By.CSS_SELECTOR, 'form.deny button'))
-    assert "call 'c2' was decided already: approved by ada (console)" in browser.find_element(By.ID, 'error').text
+    refused = browser.find_element(By.ID, 'error').text  # the form names the call by its ref (WT-7)
+    assert re.search(r"call 'c2@0:\d+' was decided already: approved by ada \(console\)", refused), refused
     assert _decisions(setup, WAITING)['c2'].decision == decided
     browser.close()
     browser.switch_to.window(first)
@@ -438,7 +440,7 @@ def test_ui7_approve_deny_and_complete_from_the_page_then_the_same_code_goes_on(
     result = _call(browser, WAITING, 'c4').find_element(By.CSS_SELECTOR, 'form.complete textarea')
     result.send_keys('delivered')  # not JSON: refused on the page, nothing written, the text kept
     _submit(browser, result.find_element(By.XPATH, './ancestor::form//button'))
-    assert "The result for call 'c4' is not JSON" in browser.find_element(By.ID, 'error').text
+    assert re.search(r"The result for call 'c4@0:\d+' is not JSON", browser.find_element(By.ID, 'error').text)
     assert _decisions(setup, WAITING)['c4'].pending
     result = _call(browser, WAITING, 'c4').find_element(By.CSS_SELECTOR, 'form.complete textarea')
     assert result.get_attribute('value') == 'delivered'

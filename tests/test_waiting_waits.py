@@ -318,3 +318,36 @@ async def test_wt10_an_attempt_that_starts_while_calls_are_pending_lists_only_wh
     plain = DeferredToolResults(approvals={'c2': True, 'c3': False}, calls={'c4': 'tomorrow'})
     assert final == (await plain_two_runs(tmp_path / 'plain', 'three', plain))[0]
     assert lines(log).count('refund 5') == 1
+
+
+@pytest.mark.once
+async def test_wt7_ui7_the_console_decides_two_calls_pending_with_one_id_each_by_its_own_form(tmp_path: Path) -> None:
+    import re
+
+    from starlette.testclient import TestClient
+
+    from pydantic_ai_durable._console import ConsoleSettings, build_app
+
+    paid: list[int] = []
+    await two_runs_app(disk(tmp_path), paid, stop_waiting=False)
+    calls = await pending_calls(disk(tmp_path), KEY)
+    assert calls[0].call_id == calls[1].call_id  # one id, two waits
+
+    def decide_from_the_page() -> list[str]:
+        app = build_app(DiskJournal(tmp_path / 'journal'), ConsoleSettings(by='ops'))
+        with TestClient(app, base_url='http://127.0.0.1:8765') as client:
+            page = client.get('/waiting').text
+            targets = sorted(set(re.findall(r'name="call" value="([^"]+)"', page)))
+            csrf = client.get('/api/session').json()['csrf']
+            for target, decision in zip(targets, ('approve', 'deny'), strict=True):
+                form = {'key': KEY, 'call': target, 'decision': decision, 'csrf': csrf}
+                answer = client.post('/execution/resolve', data=form, follow_redirects=False)
+                assert answer.status_code == 303, answer.text[-2000:]
+        return targets
+
+    targets = await asyncio.to_thread(decide_from_the_page)
+    assert targets == sorted(call.ref for call in calls)  # each form names its own wait
+    decided = await pending_calls(disk(tmp_path), KEY, decided=True)
+    assert sorted((c.run, c.decision.kind) for c in decided if c.decision) == [('0', 'approved'), ('1', 'denied')]
+    outputs = await two_runs_app(disk(tmp_path), paid, stop_waiting=False)
+    assert not any(isinstance(output, DeferredToolRequests) for output in outputs) and paid == [0]

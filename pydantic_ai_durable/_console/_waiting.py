@@ -108,4 +108,4 @@ async def decision_note(journal: Journal, key: str, call_id: str, note: str) -> 
         rest = f'Execution {key!r} waits on nothing more: it was sent on to a worker, which goes on with the decisions.'
     else:
         rest = f'Execution {key!r} waits on nothing more: its next attempt goes on with the decisions.'
-    return f'Call {call_id} ({found.tool_name}) {again}{describe(found.decision)}. {rest}'
+    return f'Call {found.call_id} ({found.tool_name}) {again}{describe(found.decision)}. {rest}'
