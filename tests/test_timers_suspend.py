@@ -21,6 +21,7 @@ from pydantic_ai_durable._steps import _timer
 
 HERE = Path(__file__).parent
 HOUR = 3600.0
+LOCAL = 'http://127.0.0.1:8765'
 
 
 class Clock:
@@ -202,3 +203,42 @@ def test_tm4_tm2_across_processes_a_long_wait_ends_the_attempt_and_a_sigkill_ins
         1,
         0,
     )
+
+
+@pytest.mark.once
+async def test_tm4_tm7_the_console_says_what_a_waiting_execution_waits_on_never_that_its_calls_are_decided(
+    sleeps: Sleeps, clock: Clock, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from pydantic_ai import Agent
+    from pydantic_ai.output import PendingModelResponse
+    from starlette.testclient import TestClient
+    from timer_batch import FileBatchModel
+
+    from pydantic_ai_durable._console import ConsoleSettings, build_app
+
+    batches, journal = BatchFile(tmp_path / 'batches.json'), DiskJournal(tmp_path / 'journal')
+    with pytest.raises(ExecutionWaiting):
+        async with execution('timer', journal=journal):
+            await batch_agent(journal, batches, interval=HOUR, suspend_waits_over=600).run('summarise the report')
+    pending: Agent[None, str | PendingModelResponse] = Agent(
+        FileBatchModel(batches, interval=30.0),
+        name='pending',
+        output_type=[str, PendingModelResponse],  # type: ignore[arg-type]
+        capabilities=[Durable(journal)],
+    )
+    async with execution('provider', journal=journal):
+        await pending.run('summarise the report')
+    await journal.close()
+
+    def read() -> tuple[str, dict[str, object]]:
+        with TestClient(build_app(DiskJournal(tmp_path / 'journal'), ConsoleSettings()), base_url=LOCAL) as client:
+            return client.get('/waiting').text, client.get('/api/waiting').json()
+
+    page, listed = await asyncio.to_thread(read)
+    assert 'Every call it waited on is decided' not in page
+    assert 'It waits until' in page and "waits on the provider's job <code>batch-2</code>" in page, page
+    rows = {row['key']: row for row in listed['executions']}  # type: ignore[attr-defined]
+    assert rows['timer']['wakes_at_epoch'] == clock() + HOUR and rows['timer']['provider_jobs'] == []
+    assert rows['provider']['wakes_at_epoch'] is None and rows['provider']['provider_jobs'] == ['batch-2']

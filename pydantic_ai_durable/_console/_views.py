@@ -62,6 +62,8 @@ def info_json(info: ExecutionInfo) -> dict[str, Any]:
         'updated_epoch': _time(info.updated),
         'metadata': info.metadata,
         'retain_until': utc(info.retain_until),
+        'wakes_at': utc(info.wakes_at),
+        'wakes_at_epoch': info.wakes_at,
     }
 
 

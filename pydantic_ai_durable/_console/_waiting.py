@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .._core import call_json, describe, pending_calls
+from .._core import call_json, describe, pending_calls, provider_jobs
 from .._errors import EncryptionMismatch
 from ..journals import KEYS_VARIABLE, SEALED, DeferredCall, ExecutionInfo, Journal
 from ._views import info_json
@@ -29,6 +29,8 @@ class WaitingRow:
     calls: tuple[DeferredCall, ...]
     sealed: bool = False
     """Its calls are encrypted and the console was started without the keys: they can be neither read nor decided."""
+    provider_jobs: tuple[str, ...] = ()
+    """The provider's jobs its runs ended waiting on (TM-7): it waits on those, not on a decision."""
 
     @property
     def problem(self) -> str | None:
@@ -46,19 +48,23 @@ class WaitingRow:
             'sealed': self.sealed,
             'problem': self.problem,
             'calls': [call_json(call) for call in self.calls],
+            'provider_jobs': list(self.provider_jobs),
         }
 
 
 async def waiting_rows(journal: Journal, infos: list[ExecutionInfo]) -> list[WaitingRow]:
     """The rows of a page of waiting executions; only one listed with no pending call has its record read again,
-    to tell a sealed one (its calls encrypted, no keys given) from one whose calls are all decided."""
+    to tell a sealed one (its calls encrypted, no keys given), one that waits on the provider's job and one whose
+    calls are all decided apart."""
     rows: list[WaitingRow] = []
     for info in infos:
         sealed = False
+        jobs: tuple[str, ...] = ()
         if not info.pending and info.problem is None:
             record = await journal.read_execution(info.key)
             sealed = isinstance(record, dict) and isinstance(record.get(SEALED), dict)
-        rows.append(WaitingRow(info, info.pending, sealed))
+            jobs = provider_jobs(record) if isinstance(record, dict) and not sealed else ()
+        rows.append(WaitingRow(info, info.pending, sealed, jobs))
     return rows
 
 

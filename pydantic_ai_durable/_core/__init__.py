@@ -31,7 +31,7 @@ from ._events import (
 from ._export import EXPORT_FORMAT, EXPORT_VERSION, Limits, parse_document, snapshot_from_document
 from ._fences import RunMeta
 from ._import import ImportReport, write_snapshot
-from ._provider_waits import note_provider_wait, provider_job
+from ._provider_waits import note_provider_wait, provider_job, provider_jobs
 from ._records import ENTRY_VERSION, MODEL_ERROR, Kind, latest_spend, missing_links, parse_entry, run_order, spend_cost
 from ._rekey import RekeyReport, rekey
 from ._resolve import (
@@ -111,6 +111,7 @@ __all__ = (
     'parse_entry',
     'pending_calls',
     'provider_job',
+    'provider_jobs',
     'recorded_conversation',
     'rekey',
     'resolve_calls',

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ('PROVIDER_WAITS', 'note_provider_wait', 'provider_job', 'waits_on_provider')
+__all__ = ('PROVIDER_WAITS', 'note_provider_wait', 'provider_job', 'provider_jobs', 'waits_on_provider')
 
 PROVIDER_WAITS = 'provider_waits'
 """The record field listing the runs that ended waiting on the provider; part of the record format."""
@@ -36,6 +36,12 @@ def note_provider_wait(record: dict[str, Any], run: str, job: str | None, model:
         record[PROVIDER_WAITS] = waits
     else:
         record.pop(PROVIDER_WAITS, None)
+
+
+def provider_jobs(record: dict[str, Any] | None) -> tuple[str, ...]:
+    """The provider's ids of every job a run of the execution ended waiting on (TM-7), for what shows it."""
+    jobs = (wait.get('job') for wait in _waits(record or {}).values() if isinstance(wait, dict))
+    return tuple(job for job in jobs if isinstance(job, str))
 
 
 def provider_job(record: dict[str, Any], run: str) -> str | None:
