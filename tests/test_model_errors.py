@@ -481,6 +481,23 @@ async def test_a16_a_request_limit_the_first_attempt_kept_lets_its_replay_throug
     assert (primary.calls, backup.calls) == (1, 1)
 
 
+@needs_codec
+@needs_model_fallback
+async def test_a16_u7_a_run_that_used_its_whole_request_limit_with_a_failed_request_replays() -> None:
+    """pydantic-ai counts a failed request nothing, the spend counts it: the replay's credits cover both."""
+    journal = MemoryJournal()
+    primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
+    agent = fallback_agent(journal, primary, backup)
+    limits = UsageLimits(request_limit=1)  # what the live run needed: one request, as pydantic-ai counts
+    for _ in range(3):  # the live run, then two replays of the finished execution
+        async with execution('order-1') as handle:
+            result = await agent.run('What is on order 1?', usage_limits=limits)
+        assert result.output == 'backup answer'
+        primary.down = False
+    assert result.usage.requests == 2  # a replay shows the spend: both requests were sent
+    assert (primary.calls, backup.calls) == (1, 1) and handle.usage.attempt == RunUsage()
+
+
 # -- RetryOnModelErrors ----------------------------------------------------------------------------------------
 
 
@@ -508,6 +525,22 @@ async def test_a17_retry_on_model_errors_replays_without_a_request_or_a_wait() -
     assert flaky.calls == 3  # no live request
     assert len(sleeps.delays) == 2  # and no wait
     assert replay.stats.replayed['model'] == 3
+
+
+@needs_codec
+@needs_retry
+async def test_a17_u7_retries_that_used_the_whole_request_limit_replay() -> None:
+    journal = MemoryJournal()
+    flaky = Flaky('answer after retries', failures_left=2)
+    agent = retrying_agent(journal, flaky.model('flaky'), max_attempts=3, initial_delay=5.0)
+    limits = UsageLimits(request_limit=1)
+    with counted_sleeps():
+        for _ in range(2):  # the live run (two failures, then the answer), then the replay
+            async with execution('order-1'):
+                result = await agent.run('What is on order 1?', usage_limits=limits)
+            assert result.output == 'answer after retries'
+            flaky.failures_left = 5  # a live request would fail now
+    assert flaky.calls == 3 and result.usage.requests == 3  # the replay shows the spend: three were sent
 
 
 @needs_codec

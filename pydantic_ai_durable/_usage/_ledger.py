@@ -29,6 +29,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.usage import RequestUsage, RunUsage, UsageLimits
 
+from .._core import MODEL_ERROR
 from .._fingerprint import call_digest
 from ._arithmetic import (
     add_usage,
@@ -138,19 +139,21 @@ class ReplayUsageLedger:
         """Count the next model request down in advance because the journal says it will replay (U-8).
 
         Only one request can be pending at a time; a second credit would let a live request past the limit.
-        With token or cost limits, the tokens and cost of every response the journal will replay from
-        `position` on are counted down too (U-18): the check before a request, and the one after a
-        replayed response, then see the spend an uninterrupted run would have had at that point.
+        Failed requests the journal will replay from `position` on are counted down with it (A-16): the spend
+        counts them, since they were sent, and pydantic-ai counted them nothing when they first ran. With token
+        or cost limits, the tokens and cost of every response the journal will replay from `position` on are
+        counted down too (U-18): the check before a request, and the one after a replayed response, then see
+        the spend an uninterrupted run would have had at that point.
         """
         if self._request_credit:
             return
         self._request_credit = True
         self.run_usage.requests -= 1
-        if self._credits_usage and run is not None and position is not None:
+        if run is not None and position is not None:
             if self._tail is None:
-                self._tail = _ReplayTail.of(run, position)
+                self._tail = _ReplayTail.of(run, position, priced=self._credits_usage)
             usage = self._tail.from_position(position)
-            if usage is not None:
+            if usage is not None and (self._credits_usage or usage.requests):
                 self._subtract(usage)
                 self._credited_usage = usage
 
@@ -392,14 +395,20 @@ class _ReplayTail:
     """`suffix[i]`: the summed usage of the responses at `positions[i]` and after."""
 
     @classmethod
-    def of(cls, run: RunLookAhead, start: int) -> _ReplayTail:
+    def of(cls, run: RunLookAhead, start: int, *, priced: bool) -> _ReplayTail:
+        """The tail from `start`: a failed request counts as one request (A-16); a response's tokens and price
+        only when `priced` (token or cost limits), since pricing every recorded response costs a decode each."""
         positions: list[int] = []
         usages: list[RunUsage] = []
         position = start
         while (entry := run.peek(position)) is not None:  # a gap is a step that runs live: the replay ends there
             if entry.get('kind') == 'model':
+                payload = entry.get('payload')
                 positions.append(position)
-                usages.append(_response_usage(entry.get('payload')))
+                if isinstance(payload, Mapping) and MODEL_ERROR in payload:
+                    usages.append(RunUsage(requests=1))
+                else:
+                    usages.append(_response_usage(payload) if priced else RunUsage())
             position += 1
         suffix: list[RunUsage] = []
         total = RunUsage()
