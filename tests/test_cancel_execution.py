@@ -221,11 +221,18 @@ async def test_tm10_the_cli_cancels_an_execution_and_refuses_what_it_cannot_in_o
         await journal.close()
     waiting = cli(tmp_path / 'journal', 'list')  # TM-4: a long wait is listed as such
     assert 'waiting (timer)' in waiting.stdout, waiting.stdout
+    shown = cli(tmp_path / 'journal', 'show', 'report')
+    assert 'wakes ' in shown.stdout and '(durable_sleep@0:1): a long wait ended its attempt there' in shown.stdout
     (before,) = json.loads(cli(tmp_path / 'journal', 'list', '--json').stdout)
     assert before['wakes_at_epoch'] > 0 and before['wakes_at'].endswith('Z')
     marked = cli(tmp_path / 'journal', 'cancel', 'report', '--reason', 'budget cut', '--json')
     assert marked.returncode == 0, marked.stderr
     assert json.loads(marked.stdout) == {'key': 'report', 'outcome': 'requested'}
+    shown = cli(tmp_path / 'journal', 'show', 'report')
+    assert 'cancelled' in shown.stdout and "budget cut; its next attempt cancels the provider's job" in shown.stdout
+    as_json = json.loads(cli(tmp_path / 'journal', 'show', 'report', '--json').stdout)
+    assert as_json['cancel']['reason'] == 'budget cut' and as_json['cancel']['done'] is None
+    assert list(as_json['wakes_at']) == ['0'] and as_json['provider_jobs'] == []
     listed = cli(tmp_path / 'journal', 'list', '--json')
     assert [(info['key'], info['state'], info['wakes_at_epoch']) for info in json.loads(listed.stdout)] == [
         ('report', 'interrupted', None)

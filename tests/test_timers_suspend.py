@@ -237,6 +237,13 @@ async def test_tm4_tm7_the_console_says_what_a_waiting_execution_waits_on_never_
             return client.get('/waiting').text, client.get('/api/waiting').json()
 
     page, listed = await asyncio.to_thread(read)
+    shown = subprocess.run(
+        [sys.executable, '-m', 'pydantic_ai_durable', '--journal', str(tmp_path / 'journal'), 'show', 'provider'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "provider   waits on the provider's job batch-2" in shown.stdout, shown.stdout
     assert 'Every call it waited on is decided' not in page
     assert 'It waits until' in page and "waits on the provider's job <code>batch-2</code>" in page, page
     rows = {row['key']: row for row in listed['executions']}  # type: ignore[attr-defined]

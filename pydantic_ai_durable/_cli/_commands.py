@@ -34,7 +34,7 @@ from ..journals import (
 from ._parsing import Duration, run_order
 from ._render import cell, epoch, escape, local, plural, print_json, print_lines, quote, size, table, utc
 from ._target import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, Failure, Target, run_on
-from ._waiting import calls_lines, sealed_note, state_text
+from ._waiting import calls_lines, sealed_note, state_text, waits_json, waits_lines
 
 __all__ = ('delete_command', 'list_command', 'prune_command', 'rekey_command', 'show_command')
 
@@ -288,6 +288,7 @@ def show_command(target: Target, key: str, as_json: bool) -> int:
                 'updated': utc(updated),
                 'updated_epoch': updated,
                 'calls': [call_json(call) for call in deferred_calls(record)],
+                **waits_json(record),
                 'runs': [
                     {
                         'run': run,
@@ -315,7 +316,7 @@ def show_command(target: Target, key: str, as_json: bool) -> int:
     lines += sealed_note(found.record)
     if found.record is None:
         lines.append('           (no execution record: its runs cannot be listed)')
-    lines += calls_lines(found.record)
+    lines += [*waits_lines(found.record), *calls_lines(found.record)]
     for run, snapshot in found.runs:
         lines += ['', f'run {cell(run, 100)}']
         rows = _step_rows(snapshot)

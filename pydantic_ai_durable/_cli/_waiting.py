@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .._answers import answered
-from .._core import Resolution, cancel_execution, resolve_calls, resolve_event
+from .._core import Resolution, cancel_execution, cancellation, provider_jobs, resolve_calls, resolve_event
 from .._errors import DurableError, ExecutionBusy, ResolutionRefused
-from ..journals import KEYS_VARIABLE, SEALED, CallDecision, DeferredCall, ExecutionInfo, deferred_calls
-from ._render import cell, local, plural, print_json, print_lines, quote, table
+from ..journals import KEYS_VARIABLE, SEALED, CallDecision, DeferredCall, ExecutionInfo, deferred_calls, timer_waits
+from ._render import cell, local, plural, print_json, print_lines, quote, table, utc
 from ._target import EXIT_OK, EXIT_USAGE, Failure, Target, run_on
 
 __all__ = (
@@ -36,6 +36,8 @@ __all__ = (
     'import_tasks',
     'sealed_note',
     'state_text',
+    'waits_json',
+    'waits_lines',
 )
 
 _T = TypeVar('_T')
@@ -183,6 +185,31 @@ def import_tasks(module: str) -> None:
         raise Failure(f'--dispatch: cannot import {module!r} ({type(exc).__name__}: {exc})') from None
 
 
+def waits_lines(record: dict[str, Any] | None) -> list[str]:
+    """What `show` prints of what an execution waits on besides calls, and of its cancellation (TM-4, TM-7, TM-10)."""
+    lines: list[str] = []
+    cancel = cancellation(record)
+    if cancel is not None:
+        reason, at, done = cancel
+        todo = '' if done is not None else "; its next attempt cancels the provider's job"
+        lines.append(f'cancelled  {local(at)}: {cell(reason, 100)}{todo}')
+    for run, wait in sorted(timer_waits(record).items()):
+        where = f'durable_sleep@{run}:{wait.get("wait")}'
+        lines.append(f'wakes      {local(float(wait["wake_at"]))} ({where}): a long wait ended its attempt there')
+    lines += [f"provider   waits on the provider's job {cell(job, 80)}" for job in provider_jobs(record)]
+    return lines
+
+
+def waits_json(record: dict[str, Any] | None) -> dict[str, Any]:
+    """`waits_lines` for `show --json`: `cancel` (or `null`), `wakes_at` per run, `provider_jobs`."""
+    cancel = cancellation(record)
+    return {
+        'cancel': None if cancel is None else {'reason': cancel[0], 'at': utc(cancel[1]), 'done': utc(cancel[2])},
+        'wakes_at': {run: utc(float(wait['wake_at'])) for run, wait in timer_waits(record).items()},
+        'provider_jobs': list(provider_jobs(record)),
+    }
+
+
 def calls_lines(record: dict[str, Any] | None) -> list[str]:
     """What `show` prints of the calls an execution deferred: those pending, then the audit trail of the others."""
     calls = deferred_calls(record)
@@ -209,7 +236,7 @@ def calls_lines(record: dict[str, Any] | None) -> list[str]:
         lines += table(['CALL', 'TOOL', 'KIND', 'SINCE', 'DEADLINE', 'ARGUMENTS'], rows, right=set(), indent='  ')
         for call in pending:
             lines += _questions(call)
-    if not pending and (record or {}).get('status') == 'waiting':
+    if not pending and (record or {}).get('status') == 'waiting' and not (timer_waits(record) or provider_jobs(record)):
         lines += ['', 'every call it waited on is decided: its next attempt goes on with the decisions']
     decided = [call for call in calls if not call.pending]
     if decided:

@@ -16,7 +16,7 @@ from here.
 """
 
 from ._attempt import Attempt, CleanupMode
-from ._cancel import cancel_execution, cancel_request
+from ._cancel import cancel_execution, cancel_request, cancellation
 from ._conversation import recorded_conversation
 from ._events import (
     EventWait,
@@ -84,6 +84,7 @@ __all__ = (
     'call_json',
     'cancel_execution',
     'cancel_request',
+    'cancellation',
     'check_divergence_mode',
     'check_metadata',
     'check_same_work',

@@ -22,7 +22,7 @@ from ._records import ENTRY_VERSION
 from ._resolve import check_open, dispatcher_for, under_own_lease
 from ._timer_waits import waits_on_timer
 
-__all__ = ('CANCEL', 'cancel_execution', 'cancel_request', 'carried_out', 'check_not_cancelled')
+__all__ = ('CANCEL', 'cancel_execution', 'cancel_request', 'cancellation', 'carried_out', 'check_not_cancelled')
 
 log = logging.getLogger('pydantic_ai_durable')
 
@@ -41,6 +41,11 @@ def _cancel(record: dict[str, Any] | None) -> tuple[str, float, float | None] | 
     if not isinstance(at, (int, float)):
         return None
     return str(reason), float(at), float(done) if isinstance(done, (int, float)) else None
+
+
+def cancellation(record: dict[str, Any] | None) -> tuple[str, float, float | None] | None:
+    """The record's cancellation, for what shows it: its reason, when, and when it was carried out (`None`: not yet)."""
+    return _cancel(record)
 
 
 def cancel_request(record: dict[str, Any] | None) -> tuple[str, float] | None:
