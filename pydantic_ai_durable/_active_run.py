@@ -69,6 +69,12 @@ class ActiveRun:
     """The sleep the app installed for the agent graph's waits (`Agent.using_sleep`), which a timer's live wait
     and a recovered wait go to; `None`: `anyio.sleep` (TM-1)."""
 
+    @property
+    def top_level(self) -> bool:
+        """Whether the app started this run itself: only such a run leaves its execution waiting (a deferral, a
+        pending response, a long wait); a nested run's is its caller's result, inside its caller's step."""
+        return '.' not in self.run.key
+
     def refuse_if_cancelling(self) -> None:
         """Raise `ExecutionCancelled` where this attempt carries out a cancellation (TM-10)."""
         if self.cancelling is not None:

@@ -23,7 +23,16 @@ from typing import Any, TypeVar
 from .._answers import answered
 from .._core import Resolution, cancel_execution, cancellation, provider_jobs, resolve_calls, resolve_event
 from .._errors import DurableError, ExecutionBusy, ResolutionRefused
-from ..journals import KEYS_VARIABLE, SEALED, CallDecision, DeferredCall, ExecutionInfo, deferred_calls, timer_waits
+from ..journals import (
+    KEYS_VARIABLE,
+    SEALED,
+    CallDecision,
+    DeferredCall,
+    ExecutionInfo,
+    deferred_calls,
+    timer_waits,
+    wait_ref,
+)
 from ._render import cell, local, plural, print_json, print_lines, quote, table, utc
 from ._target import EXIT_OK, EXIT_USAGE, Failure, Target, run_on
 
@@ -194,7 +203,7 @@ def waits_lines(record: dict[str, Any] | None) -> list[str]:
         todo = '' if done is not None else "; its next attempt cancels the provider's job"
         lines.append(f'cancelled  {local(at)}: {cell(reason, 100)}{todo}')
     for run, wait in sorted(timer_waits(record).items()):
-        where = f'durable_sleep@{run}:{wait.get("wait")}'
+        where = wait_ref('durable_sleep', run, wait['wait'])
         lines.append(f'wakes      {local(float(wait["wake_at"]))} ({where}): a long wait ended its attempt there')
     lines += [f"provider   waits on the provider's job {cell(job, 80)}" for job in provider_jobs(record)]
     return lines

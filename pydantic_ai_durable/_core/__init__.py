@@ -20,7 +20,6 @@ from ._cancel import cancel_execution, cancel_request, cancellation
 from ._conversation import recorded_conversation
 from ._events import (
     EventWait,
-    event_ref,
     event_slot,
     make_token,
     new_secret,
@@ -94,7 +93,6 @@ __all__ = (
     'decisions_for',
     'deny_overdue',
     'describe',
-    'event_ref',
     'event_slot',
     'export_execution',
     'fork_execution',

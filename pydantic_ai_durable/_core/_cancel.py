@@ -33,7 +33,8 @@ null}`; `done` is set once nothing more of the execution runs. Part of the recor
 Cancelled = Literal['cancelled', 'requested']
 
 
-def _cancel(record: dict[str, Any] | None) -> tuple[str, float, float | None] | None:
+def cancellation(record: dict[str, Any] | None) -> tuple[str, float, float | None] | None:
+    """The record's cancellation: its reason, when, and when it was carried out (`None`: not yet)."""
     stored = (record or {}).get(CANCEL)
     if not isinstance(stored, dict):
         return None
@@ -43,20 +44,15 @@ def _cancel(record: dict[str, Any] | None) -> tuple[str, float, float | None] | 
     return str(reason), float(at), float(done) if isinstance(done, (int, float)) else None
 
 
-def cancellation(record: dict[str, Any] | None) -> tuple[str, float, float | None] | None:
-    """The record's cancellation, for what shows it: its reason, when, and when it was carried out (`None`: not yet)."""
-    return _cancel(record)
-
-
 def cancel_request(record: dict[str, Any] | None) -> tuple[str, float] | None:
     """The reason and time of a cancellation the attempt reading `record` must carry out, if any."""
-    cancel = _cancel(record)
+    cancel = cancellation(record)
     return (cancel[0], cancel[1]) if cancel is not None and cancel[2] is None else None
 
 
 def check_not_cancelled(key: str, record: dict[str, Any] | None) -> None:
     """Refuse to enter an execution whose cancellation was carried out: nothing more of it runs."""
-    cancel = _cancel(record)
+    cancel = cancellation(record)
     if cancel is not None and cancel[2] is not None:
         raise ExecutionCancelled(key, reason=cancel[0], at=cancel[1])
 
@@ -68,7 +64,7 @@ def carried_out(record: dict[str, Any], error: BaseException | None, waiting: bo
     an event, the provider): the cancellation then ends what it waits on. Ended otherwise (finished, or failed
     before it got there), the cancellation is left for the next attempt, or dropped with a finished execution.
     """
-    cancel = _cancel(record)
+    cancel = cancellation(record)
     if cancel is None or cancel[2] is not None:
         return False
     if isinstance(error, ExecutionCancelled) or waiting:
@@ -113,7 +109,7 @@ async def _mark(journal: Journal, key: str, reason: str, epoch: int) -> Cancelle
     if not isinstance(record, dict) or record.get('v') != ENTRY_VERSION:
         found = 'does not exist' if record is None else 'has an unreadable record'
         raise DurableError(f'Execution {key!r} {found} in {journal!r}: there is nothing to cancel.')
-    earlier = _cancel(record)
+    earlier = cancellation(record)
     if earlier is not None:
         return 'requested' if earlier[2] is None else 'cancelled'
     state = state_of(record, leased=False)

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ResolutionRefused
-from ..journals import DEFERRED, CallDecision, Journal, decision_of
+from ..journals import DEFERRED, CallDecision, Journal, decision_of, wait_ref
 from ._resolve import Resolution, deadline_message, resolve_calls
 
 __all__ = (
     'EventWait',
-    'event_ref',
     'event_slot',
     'make_token',
     'new_secret',
@@ -40,11 +39,6 @@ _PREFIX = 'pade1'
 def new_secret() -> str:
     """The random part of a token: 256 bits, never written anywhere but into the token `ask` receives."""
     return secrets.token_urlsafe(32)
-
-
-def event_ref(name: str, run: str, wait: int) -> str:
-    """The wait's ref, `NAME@RUN:WAIT` like a deferred call's (WT-7): the slot the record keeps it in."""
-    return f'{name}@{run}:{wait}'
 
 
 def _encode(text: str) -> str:
@@ -91,7 +85,7 @@ class EventWait:
 
     @property
     def ref(self) -> str:
-        return event_ref(self.name, self.run, self.wait)
+        return wait_ref(self.name, self.run, self.wait)  # the slot the record keeps it in
 
 
 def event_slot(record: dict[str, Any], ref: str) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..journals import DEFERRED, CallDecision, CallKind, decision_of, deferred_calls, timer_waits
+from ..journals import DEFERRED, CallDecision, CallKind, decision_of, deferred_calls, timer_waits, wait_ref
 from ._provider_waits import waits_on_provider
 from ._timer_waits import waits_on_timer
 
@@ -87,7 +87,7 @@ def _free_slot(calls: dict[str, Any], call_id: str, run: str, wait: int) -> str:
     """A slot name for a new wait: the call id, unless an earlier wait holds it (a reused id)."""
     if call_id not in calls:
         return call_id
-    name = f'{call_id}@{run}:{wait}'
+    name = wait_ref(call_id, run, wait)
     count = 1
     while name in calls:
         count += 1

@@ -22,10 +22,10 @@ from typing import Any
 
 from .._active_run import ActiveRun
 from .._compat import EXTERNAL_EVENTS
-from .._core import EventWait, event_ref, event_slot, make_token, new_secret, note_event, secret_digest, settle_overdue
+from .._core import EventWait, event_slot, make_token, new_secret, note_event, secret_digest, settle_overdue
 from .._errors import DurableError, ExecutionWaiting
+from ..journals import wait_ref
 from ._pipeline import StepKind, run_step
-from ._waiting import _top_level
 
 __all__ = ('DurableEventWaiter', 'waits_on_events')
 
@@ -55,7 +55,7 @@ class _AskStep(StepKind):
 
     async def live(self, active: ActiveRun) -> object:
         secret = new_secret()
-        ref = event_ref(self.wait_name, active.run.key, self.position)
+        ref = wait_ref(self.wait_name, active.run.key, self.position)
         since = time.time()
         answer = await self.ask(make_token(self.key, ref, secret))
         deadline = since + self.timeout if self.timeout is not None else None
@@ -77,7 +77,7 @@ class DurableEventWaiter:
         """Ask once, journaled; return its answer, else the recorded resolution, else end the run waiting."""
         active = self.active
         key = active.run.attempt.key
-        if not _top_level(active):
+        if not active.top_level:
             raise DurableError(
                 f'Execution {key!r} run {active.run.key}: a run started inside a tool cannot wait on an external '
                 'event, since only the run the app started can leave its execution waiting. Wait in that run '
@@ -89,7 +89,7 @@ class DurableEventWaiter:
         assert isinstance(recorded, dict)
         if recorded.get('answer') is not None:
             return recorded['answer']  # answered in place: every replay gets this answer (EV-1)
-        ref = event_ref(name, active.run.key, step.position)
+        ref = wait_ref(name, active.run.key, step.position)
         record = active.run.state.record
         slot = event_slot(record, ref)
         if slot is not None and slot.get('token') != recorded['token']:

@@ -43,10 +43,6 @@ def _response(payload: object, decoder: Decoder | None) -> ModelResponse | None:
     return value if isinstance(value, ModelResponse) else None
 
 
-def _top_level(active: ActiveRun) -> bool:
-    return '.' not in active.run.key
-
-
 async def checked(
     active: ActiveRun,
     request: ModelRequest,
@@ -59,7 +55,7 @@ async def checked(
     Checks an earlier attempt recorded replay; one more is made live only where the run ended waiting on
     this very job, and at most once per call, so an attempt never polls: it checks, and ends pending again.
     """
-    if request.response is not None or not _top_level(active):
+    if request.response is not None or not active.top_level:
         return payload  # it ran live: a new request, which pydantic-ai waits on or ends pending with itself
     decoder, hands_on = request.decoder, request.hands_on
     response = _response(payload, decoder)
@@ -108,7 +104,7 @@ def _check_body(
 
 def note_pending_end(active: ActiveRun, output: object) -> bool:
     """Note whether the run ended waiting on the provider (TM-7); `True` if it did."""
-    if not _top_level(active):
+    if not active.top_level:
         return False
     record = active.run.state.record
     if isinstance(output, PendingModelResponse):

@@ -27,6 +27,7 @@ import anyio
 from .._active_run import ActiveRun
 from .._core import note_timer_wait
 from .._errors import ExecutionWaiting
+from ..journals import wait_ref
 from ._pipeline import StepKind, run_step
 
 __all__ = ('TIMER_STEP', 'Timer', 'durable_wait', 'noting_cancellation')
@@ -80,25 +81,24 @@ async def durable_wait(active: ActiveRun, seconds: float) -> None:
         wake_at = _wake_at(payload)
         left = max(seconds, 0.0) if wake_at is None else wake_at - clock()
         if left > 0:
-            _end_attempt_if_long(active, payload, left)
+            _end_attempt_if_long(active, position, payload, wake_at, left)
             await (active.outer_sleep or anyio.sleep)(left)
 
 
-def _end_attempt_if_long(active: ActiveRun, payload: object, left: float) -> None:
+def _end_attempt_if_long(active: ActiveRun, wait: int, payload: object, wake_at: float | None, left: float) -> None:
     """End the attempt here, its execution `waiting` until the wake-up time, if `left` is more than it may hold (TM-4).
 
     Only the run the app started ends its attempt: a nested run's wait is its caller's step, which has no
     position to come back to. The provider's job is kept for the attempt that goes on (`keeps_job`).
     """
-    limit, wake_at = active.suspend_waits_over, _wake_at(payload)
-    if limit is None or left <= limit or wake_at is None or '.' in active.run.key:
+    limit, run = active.suspend_waits_over, active.run
+    if limit is None or left <= limit or wake_at is None or not active.top_level:
         return
-    run, wait = active.run, active.run.next_position - 1
     seconds = payload.get('seconds') if isinstance(payload, dict) else None
     since = wake_at - seconds if isinstance(seconds, (int, float)) else wake_at - left
     note_timer_wait(run.state.record, run.key, wait, since, wake_at)
     active.keeps_job = True
-    ref = f'{TIMER_STEP}@{run.key}:{wait}'
+    ref = wait_ref(TIMER_STEP, run.key, wait)
     raise ExecutionWaiting(run.attempt.key, name=TIMER_STEP, wait=ref, deadline=None, wakes_at=wake_at)
 
 

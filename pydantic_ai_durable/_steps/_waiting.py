@@ -58,11 +58,6 @@ def check_wait_timeout(
     return float(value)
 
 
-def _top_level(active: ActiveRun) -> bool:
-    """Only a run the user started waits: a nested run's deferral is its caller's result, not the execution's."""
-    return '.' not in active.run.key
-
-
 def _digest(call: ToolCallPart) -> str:
     return call_digest(call.tool_name, call.args_as_dict()) or ''
 
@@ -86,7 +81,7 @@ async def recorded_decisions(
         tool_def = manager.get_tool_def(call.tool_name) if manager is not None else None
         active.deferred_tools[call.tool_call_id] = tool_def.metadata if tool_def is not None else None
         active.deferred_at[call.tool_call_id] = wait
-    if not _top_level(active):
+    if not active.top_level:
         return None
     kinds: list[tuple[ToolCallPart, CallKind]] = [
         *((call, 'approval') for call in requests.approvals),
@@ -132,7 +127,7 @@ def note_run_end(active: ActiveRun, result: AgentRunResult[Any], *, wait_timeout
     itself) no longer wait. A run whose output is `DeferredToolRequests` leaves its calls waiting (WT-1), and
     that output then lists only the calls that still wait: those decided already are taken out (WT-10).
     """
-    if not _top_level(active):
+    if not active.top_level:
         return False
     record = active.run.state.record
     if record.get('deferred'):

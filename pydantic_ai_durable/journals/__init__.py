@@ -15,6 +15,7 @@ from ._deferred import decision_of as decision_of
 from ._deferred import deferred_calls as deferred_calls
 from ._deferred import deferred_slots as deferred_slots
 from ._deferred import pending_of as pending_of
+from ._deferred import wait_ref as wait_ref
 from ._disk_format import DATABASE as DATABASE  # for the CLI
 from ._dsn import mask_dsn as mask_dsn
 from ._dsn import scrub as scrub

@@ -21,6 +21,7 @@ __all__ = (
     'deferred_calls',
     'deferred_slots',
     'pending_of',
+    'wait_ref',
 )
 
 DEFERRED = 'deferred'
@@ -31,6 +32,15 @@ position of the wait in that run (`wait`); the slot is named by the call id alon
 that name first (a reused id), then `ID@RUN:WAIT`. Releases before WT-7 stored the call under its id with
 neither `id` nor `wait`: such a slot is read as that call id, and is taken by the first wait of its run that
 asks the same tool with the same arguments."""
+
+
+def wait_ref(name: str, run: str, wait: int) -> str:
+    """A wait named so that no other wait of the execution shares the name: `NAME@RUN:WAIT` (WT-7).
+
+    `NAME` is a call id, the name of a wait on an external event, or `durable_sleep` for a long wait (TM-4).
+    """
+    return f'{name}@{run}:{wait}'
+
 
 CallKind = Literal['approval', 'external', 'event']
 DecisionKind = Literal['approved', 'denied', 'result']
@@ -116,7 +126,7 @@ class DeferredCall:
 
         `resolve` takes it where the call id alone is ambiguous: two calls pending with one id, in two runs.
         """
-        return self.call_id if self.wait is None else f'{self.call_id}@{self.run}:{self.wait}'
+        return self.call_id if self.wait is None else wait_ref(self.call_id, self.run, self.wait)
 
     @property
     def pending(self) -> bool:

@@ -26,7 +26,10 @@ def timer_waits(record: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     return {
         run: wait
         for run, wait in stored.items()
-        if isinstance(wait, dict) and _finite(wait.get('wake_at')) and isinstance(run, str)
+        if isinstance(wait, dict)
+        and _finite(wait.get('wake_at'))
+        and type(wait.get('wait')) is int
+        and isinstance(run, str)
     }
 
 
