@@ -10,16 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from journal_cli import cli
 from pydantic_ai import Agent
 from pydantic_ai.output import PendingModelResponse
 from pydantic_ai.tools import DeferredToolRequests
-from timer_batch import BatchFile, FileBatchModel, Sleeps, batch_agent
+from timer_batch import BatchFile, FileBatchModel, Sleeps, batch_agent, counted_sleeps, run_child
 
 from pydantic_ai_durable import (
     DiskJournal,
@@ -44,12 +44,8 @@ PROMPT = 'summarise the report'
 
 @pytest.fixture
 def sleeps() -> Iterator[Sleeps]:
-    counted = Sleeps(real=False)
-    counted.install()
-    try:
+    with counted_sleeps() as counted:
         yield counted
-    finally:
-        counted.uninstall()
 
 
 def counts(batches: BatchFile) -> tuple[int, int, int]:
@@ -166,21 +162,10 @@ async def test_tm10_what_cannot_be_cancelled_is_refused_saying_why(sleeps: Sleep
     assert await states(journal) == {'done': 'finished', 'busy': 'finished'}
 
 
-def child(tmp_path: Path, later: float, kill_at: int = 0) -> subprocess.CompletedProcess[str]:
-    args = [str(tmp_path / 'journal'), str(tmp_path / 'batches.json'), str(tmp_path / 'log'), str(later)]
-    return subprocess.run(
-        [sys.executable, str(HERE / 'timer_child.py'), *args, str(kill_at)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=HERE,
-    )
-
-
 @pytest.mark.skipif(sys.platform == 'win32', reason='SIGKILL is POSIX')
 async def test_tm10_an_attempt_killed_inside_a_wait_is_cancelled_by_the_next_process(tmp_path: Path) -> None:
     batches = BatchFile(tmp_path / 'batches.json')
-    killed = child(tmp_path, later=0, kill_at=2)  # SIGKILLed inside its second wait on the batch
+    killed = run_child(tmp_path, later=0, kill_at=2)  # SIGKILLed inside its second wait on the batch
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
     assert counts(batches) == (1, 1, 0)
 
@@ -190,22 +175,12 @@ async def test_tm10_an_attempt_killed_inside_a_wait_is_cancelled_by_the_next_pro
         assert await cancel_execution(journal, 'batch-1', 'operator stop') == 'requested'
     finally:
         await journal.close()
-    cancelling = child(tmp_path, later=30)
+    cancelling = run_child(tmp_path, later=30)
     assert cancelling.returncode == 1 and 'ExecutionCancelled' in cancelling.stderr, cancelling.stderr[-3000:]
     assert counts(batches) == (1, 1, 1)
-    again = child(tmp_path, later=60)
+    again = run_child(tmp_path, later=60)
     assert again.returncode == 1 and 'ExecutionCancelled' in again.stderr
     assert counts(batches) == (1, 1, 1)
-
-
-def cli(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, '-m', 'pydantic_ai_durable', '--journal', str(journal), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=HERE,
-    )
 
 
 async def test_tm10_the_cli_cancels_an_execution_and_refuses_what_it_cannot_in_one_line(

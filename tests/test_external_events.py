@@ -23,6 +23,7 @@ pytest.importorskip(
 )
 
 from event_agent import KEY, PROMPT, WAIT, build, lines, token_file
+from journal_cli import cli
 from pydantic_ai.tools import DeferredToolResults
 
 from pydantic_ai_durable import (
@@ -54,16 +55,6 @@ async def attempt(journal: Journal, log: Path, prompt: str = PROMPT, **options: 
     except ExecutionWaiting as waiting:
         return waiting
     return result.output
-
-
-def cli(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, '-m', 'pydantic_ai_durable', '--journal', str(journal), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=HERE,
-    )
 
 
 def child(journal: Path, log: Path, point: str = '') -> subprocess.CompletedProcess[str]:

@@ -467,28 +467,14 @@ async def test_a16_usage_of_a_replayed_error_is_nothing_and_the_totals_stay() ->
 
 @needs_codec
 @needs_model_fallback
-async def test_a16_a_request_limit_the_first_attempt_kept_lets_its_replay_through() -> None:
-    """pydantic-ai counts the fallback's step once; the replay's credit covers it (it used to send the request live)."""
+@pytest.mark.parametrize('request_limit', [2, 1])  # 1: the whole limit, as pydantic-ai counts, with a failed request
+async def test_a16_u8_a_request_limit_the_first_attempt_kept_lets_its_replay_through(request_limit: int) -> None:
+    """pydantic-ai counts the fallback's step once and the failed request nothing; the spend counts both (it was
+    sent), and the replay's credits cover both (it used to send the request live, then to refuse the replay)."""
     journal = MemoryJournal()
     primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
     agent = fallback_agent(journal, primary, backup)
-    limits = UsageLimits(request_limit=2)
-    for _ in range(3):
-        async with execution('order-1'):
-            result = await agent.run('What is on order 1?', usage_limits=limits)
-        assert result.output == 'backup answer'
-        primary.down = False
-    assert (primary.calls, backup.calls) == (1, 1)
-
-
-@needs_codec
-@needs_model_fallback
-async def test_a16_u7_a_run_that_used_its_whole_request_limit_with_a_failed_request_replays() -> None:
-    """pydantic-ai counts a failed request nothing, the spend counts it: the replay's credits cover both."""
-    journal = MemoryJournal()
-    primary, backup = Flaky('primary answer'), Flaky('backup answer', down=False)
-    agent = fallback_agent(journal, primary, backup)
-    limits = UsageLimits(request_limit=1)  # what the live run needed: one request, as pydantic-ai counts
+    limits = UsageLimits(request_limit=request_limit)
     for _ in range(3):  # the live run, then two replays of the finished execution
         async with execution('order-1') as handle:
             result = await agent.run('What is on order 1?', usage_limits=limits)
@@ -529,7 +515,7 @@ async def test_a17_retry_on_model_errors_replays_without_a_request_or_a_wait() -
 
 @needs_codec
 @needs_retry
-async def test_a17_u7_retries_that_used_the_whole_request_limit_replay() -> None:
+async def test_a17_u8_retries_that_used_the_whole_request_limit_replay() -> None:
     journal = MemoryJournal()
     flaky = Flaky('answer after retries', failures_left=2)
     agent = retrying_agent(journal, flaky.model('flaky'), max_attempts=3, initial_delay=5.0)

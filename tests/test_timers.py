@@ -7,7 +7,6 @@ counted across processes; sleeps are counted (and wait no wall time) with a cloc
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from pydantic_ai.durable_exec import BaseDurabilityCapability
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.usage import RequestUsage
-from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps, batch_agent, counted_sleeps
+from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps, batch_agent, counted_sleeps, run_child, slept
 
 from pydantic_ai_durable import Durable, MemoryJournal, execution
 
@@ -107,44 +106,26 @@ async def test_tm5_a_run_journaled_without_timers_replays_as_recorded(sleeps: Sl
     assert {step.outcome for step in handle.stats.steps} == {'replayed'} and not handle.stats.divergences
 
 
-def child(tmp_path: Path, later: float, kill_at: int = 0) -> subprocess.CompletedProcess[str]:
-    args = [str(tmp_path / 'journal'), str(tmp_path / 'batches.json'), str(tmp_path / 'log'), str(later)]
-    return subprocess.run(
-        [sys.executable, str(HERE / 'timer_child.py'), *args, *([str(kill_at)] if kill_at else [])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=HERE,
-    )
-
-
-def slept(tmp_path: Path) -> list[float]:
-    log = tmp_path / 'log'
-    seconds = [float(line.split()[1]) for line in log.read_text().splitlines()] if log.exists() else []
-    log.unlink(missing_ok=True)
-    return seconds
-
-
 @pytest.mark.skipif(sys.platform == 'win32', reason='SIGKILL is POSIX')
 def test_tm2_tm3_sigkill_inside_a_wait_then_recovery_checks_at_once_and_the_replay_sleeps_nothing(
     tmp_path: Path,
 ) -> None:
     batches = BatchFile(tmp_path / 'batches.json')
-    killed = child(tmp_path, later=0, kill_at=4)  # killed as its fourth 60 s wait begins
+    killed = run_child(tmp_path, later=0, kill_at=4)  # killed as its fourth 60 s wait begins
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
     first = slept(tmp_path)
     assert len(first) == 4 and all(59.0 < seconds <= 60.0 for seconds in first), first  # the wall clock moves on
     assert (batches.count('submitted'), batches.count('checks')) == (1, 3)
 
     batches.set_all('ready')  # the batch was ready all along
-    recovered = child(tmp_path, later=180 + 45)  # 45 s after the crash, which came three waits in
+    recovered = run_child(tmp_path, later=180 + 45)  # 45 s after the crash, which came three waits in
     assert recovered.returncode == 0, recovered.stderr[-3000:]
     assert recovered.stdout.strip() == ANSWER
     (left,) = slept(tmp_path)  # only the rest of the interrupted wait; none for the three it replayed
     assert 0 < left <= 15.0
     assert (batches.count('submitted'), batches.count('checks')) == (1, 4)
 
-    replay = child(tmp_path, later=3600)  # the finished execution, an hour later
+    replay = run_child(tmp_path, later=3600)  # the finished execution, an hour later
     assert replay.returncode == 0, replay.stderr[-3000:]
     assert replay.stdout.strip() == ANSWER
     assert slept(tmp_path) == []

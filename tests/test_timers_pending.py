@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.output import PendingModelResponse
-from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps
+from timer_batch import ANSWER, BatchFile, FileBatchModel, Sleeps, counted_sleeps
 
 from pydantic_ai_durable import (
     Durable,
@@ -31,12 +31,8 @@ PROMPT = 'summarise the report'
 
 @pytest.fixture
 def sleeps() -> Iterator[Sleeps]:
-    counted = Sleeps(real=False)
-    counted.install()
-    try:
+    with counted_sleeps() as counted:
         yield counted
-    finally:
-        counted.uninstall()
 
 
 def pending_agent(journal: Journal | None, batches: BatchFile) -> Agent[None, str | PendingModelResponse]:

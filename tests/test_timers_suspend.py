@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from timer_batch import ANSWER, BatchFile, Sleeps, batch_agent
+from timer_batch import ANSWER, BatchFile, Sleeps, batch_agent, counted_sleeps, run_child, slept
 
 from pydantic_ai_durable import DiskJournal, Durable, ExecutionWaiting, MemoryJournal, execution, sweep_interrupted
 from pydantic_ai_durable._steps import _timer
@@ -39,12 +39,8 @@ class Clock:
 
 @pytest.fixture
 def sleeps() -> Iterator[Sleeps]:
-    counted = Sleeps(real=False)
-    counted.install()
-    try:
+    with counted_sleeps() as counted:  # the timer's clock is the `clock` fixture's
         yield counted
-    finally:
-        counted.uninstall()
 
 
 @pytest.fixture
@@ -155,47 +151,31 @@ async def test_tm4_the_sweep_sends_the_execution_on_only_once_its_wait_is_over(
     assert states == {'early': ('waiting', True), 'late': ('waiting', True)}
 
 
-def child(tmp_path: Path, later: float, kill_at: int = 0) -> subprocess.CompletedProcess[str]:
-    args = [str(tmp_path / 'journal'), str(tmp_path / 'batches.json'), str(tmp_path / 'log'), str(later)]
-    return subprocess.run(
-        [sys.executable, str(HERE / 'timer_child.py'), *args, str(kill_at), '40'],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=HERE,
-    )
-
-
-def slept(tmp_path: Path) -> list[float]:
-    log = tmp_path / 'log'
-    seconds = [float(line.split()[1]) for line in log.read_text().splitlines()] if log.exists() else []
-    log.unlink(missing_ok=True)
-    return seconds
-
-
 @pytest.mark.skipif(sys.platform == 'win32', reason='SIGKILL is POSIX')
 def test_tm4_tm2_across_processes_a_long_wait_ends_the_attempt_and_a_sigkill_inside_the_rest_loses_nothing(
     tmp_path: Path,
 ) -> None:
     batches = BatchFile(tmp_path / 'batches.json')
-    first = child(tmp_path, later=0)  # a 60 s wait, more than the 40 s a process may hold: the attempt ends
+    # a 60 s wait, more than the 40 s a process may hold: the attempt ends
+    first = run_child(tmp_path, later=0, suspend_over=40)
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.stdout.startswith('waiting until ')
     assert (slept(tmp_path), batches.count('submitted'), batches.count('checks')) == ([], 1, 0)
 
     batches.set_all('ready')
-    killed = child(tmp_path, later=30, kill_at=1)  # 30 s later: it holds the rest, and is killed inside it
+    # 30 s later: it holds the rest, and is killed inside it
+    killed = run_child(tmp_path, later=30, kill_at=1, suspend_over=40)
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
     (rest,) = slept(tmp_path)
     assert 25.0 < rest <= 30.0
     assert (batches.count('submitted'), batches.count('checks')) == (1, 0)
 
-    recovered = child(tmp_path, later=120)
+    recovered = run_child(tmp_path, later=120, suspend_over=40)
     assert recovered.returncode == 0, recovered.stderr[-3000:]
     assert recovered.stdout.strip() == ANSWER
     assert (slept(tmp_path), batches.count('submitted'), batches.count('checks')) == ([], 1, 1)
 
-    replay = child(tmp_path, later=HOUR)
+    replay = run_child(tmp_path, later=HOUR, suspend_over=40)
     assert replay.stdout.strip() == ANSWER, replay.stderr[-3000:]
     assert (slept(tmp_path), batches.count('submitted'), batches.count('checks'), batches.count('cancels')) == (
         [],

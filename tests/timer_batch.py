@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from pydantic_ai.settings import ModelSettings
 
 from pydantic_ai_durable import Durable, Journal
 
+HERE = Path(__file__).parent
 ANSWER = 'the batch answered'
 _REAL_SLEEP = anyio.sleep
 
@@ -175,8 +178,9 @@ def batch_agent(
 
 
 @contextmanager
-def counted_sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sleeps]:
-    """Sleeps that wait no wall time, on a clock that moves on by what was slept (from 1000 s): a timer's clock."""
+def counted_sleeps(monkeypatch: pytest.MonkeyPatch | None = None) -> Iterator[Sleeps]:
+    """Sleeps that wait no wall time; with `monkeypatch`, on a clock that moves on by what was slept (from 1000 s):
+    a timer's clock. Without it the timer reads the wall clock, or the clock a test sets."""
     counted = Sleeps(real=False)
     counted.install()
     try:
@@ -184,8 +188,32 @@ def counted_sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sleeps]:
     except ImportError:  # the package before timers reads no clock
         pass
     else:
-        monkeypatch.setattr(_timer, 'clock', lambda: 1000.0 + counted.elapsed)
+        if monkeypatch is not None:
+            monkeypatch.setattr(_timer, 'clock', lambda: 1000.0 + counted.elapsed)
     try:
         yield counted
     finally:
         counted.uninstall()
+
+
+def run_child(
+    tmp_path: Path, later: float, kill_at: int = 0, suspend_over: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One attempt in a process of its own (`timer_child.py`), on the journal and the batch file under `tmp_path`."""
+    args = [str(tmp_path / 'journal'), str(tmp_path / 'batches.json'), str(tmp_path / 'log'), str(later)]
+    extra = [str(kill_at), *([str(suspend_over)] if suspend_over is not None else [])]
+    return subprocess.run(
+        [sys.executable, str(HERE / 'timer_child.py'), *args, *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=HERE,
+    )
+
+
+def slept(tmp_path: Path) -> list[float]:
+    """The sleeps the child processes logged since the last call, which empties the log."""
+    log = tmp_path / 'log'
+    seconds = [float(line.split()[1]) for line in log.read_text().splitlines()] if log.exists() else []
+    log.unlink(missing_ok=True)
+    return seconds
